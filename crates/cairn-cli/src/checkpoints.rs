@@ -1,0 +1,80 @@
+//! `cairn checkpoints DIR`: the checkpoints retained in a checkpoint directory.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use cairn::checkpoint::list_checkpoints;
+use cairn::storage::layout::parse_checkpoint_dir;
+use cairn::storage::FsStorage;
+use clap::Args;
+
+use crate::human;
+
+#[derive(Args, Debug)]
+pub struct CheckpointsArgs {
+    /// A checkpoint directory (holding job directories), or one job's directory.
+    dir: PathBuf,
+}
+
+pub fn run(args: CheckpointsArgs) -> Result<()> {
+    if !args.dir.is_dir() {
+        bail!("checkpoint directory {} does not exist", args.dir.display());
+    }
+    let entries = std::fs::read_dir(&args.dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read checkpoint directory {}: {e}",
+            args.dir.display()
+        )
+    })?;
+    let is_job_dir = entries
+        .filter_map(|e| e.ok())
+        .any(|e| parse_checkpoint_dir(&e.file_name().to_string_lossy()).is_some());
+    let (root, only_job) = if is_job_dir {
+        let canonical = args.dir.canonicalize()?;
+        let job = canonical
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        let parent = canonical
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or(canonical.clone());
+        (parent, job)
+    } else {
+        (args.dir.clone(), None)
+    };
+    let storage = FsStorage::open(&root)?;
+    let mut list = list_checkpoints(&storage).map_err(|e| anyhow::anyhow!(e))?;
+    if let Some(job) = &only_job {
+        list.retain(|c| &c.job_id == job);
+    }
+    if list.is_empty() {
+        println!("no checkpoints in {}", args.dir.display());
+        return Ok(());
+    }
+    println!(
+        "{:<32}  {:>6}  {:<19}  {:>10}  {:>9}  STATUS",
+        "JOB", "ID", "TIME (UTC)", "SIZE", "DURATION"
+    );
+    for c in list {
+        let (time, duration) = match &c.metadata {
+            Some(m) => (
+                human::utc(m.completed_timestamp_ms),
+                format!("{} ms", m.duration_ms()),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let status = match &c.problem {
+            None => "complete".to_string(),
+            Some(p) => format!("NOT USABLE: {p}"),
+        };
+        println!(
+            "{:<32}  {:>6}  {:<19}  {:>10}  {:>9}  {status}",
+            c.job_id,
+            c.id,
+            time,
+            human::bytes(c.size),
+            duration
+        );
+    }
+    Ok(())
+}

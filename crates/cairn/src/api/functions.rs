@@ -1,0 +1,92 @@
+//! User function traits for the operators that are more than a closure.
+
+use crate::error::TaskResult;
+use crate::state::{Key, KeyedContext};
+
+/// Where a function puts its output records.
+pub struct Collector<'a, O> {
+    out: &'a mut Vec<O>,
+}
+
+impl<'a, O> Collector<'a, O> {
+    pub(crate) fn new(out: &'a mut Vec<O>) -> Self {
+        Collector { out }
+    }
+
+    /// Emits one record.
+    #[inline]
+    pub fn collect(&mut self, record: O) {
+        self.out.push(record);
+    }
+}
+
+/// Processes the records of a keyed stream one at a time, with keyed state scoped to the
+/// record's key (Flink's `KeyedProcessFunction`). One instance runs per subtask, cloned from
+/// the one given to the API.
+///
+/// ```
+/// use cairn::api::{Collector, KeyedProcessFunction};
+/// use cairn::state::{KeyedContext, ValueState};
+/// use cairn::TaskResult;
+///
+/// #[derive(Clone, Default)]
+/// struct Count { count: Option<ValueState<u64>> }
+///
+/// impl KeyedProcessFunction<String, String, (String, u64)> for Count {
+///     fn open(&mut self, ctx: &mut KeyedContext<String>) -> TaskResult {
+///         self.count = Some(ctx.value_state("count")?);
+///         Ok(())
+///     }
+///     fn process(&mut self, word: String, ctx: &mut KeyedContext<String>,
+///                out: &mut Collector<(String, u64)>) -> TaskResult {
+///         let Some(state) = &self.count else { return Ok(()) };
+///         let n = state.get_mut(ctx, || 0)?;
+///         *n += 1;
+///         out.collect((word, *n));
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait KeyedProcessFunction<K: Key, I, O>: Clone + Send + 'static {
+    /// Registers states; called once per subtask before the first record, after restore.
+    fn open(&mut self, _ctx: &mut KeyedContext<K>) -> TaskResult {
+        Ok(())
+    }
+    /// Processes one record; `ctx` is scoped to its key.
+    fn process(
+        &mut self,
+        value: I,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<O>,
+    ) -> TaskResult;
+}
+
+/// Processes two keyed streams connected on the same key type, with shared keyed state.
+pub trait KeyedCoProcessFunction<K: Key, I1, I2, O>: Clone + Send + 'static {
+    /// Registers states.
+    fn open(&mut self, _ctx: &mut KeyedContext<K>) -> TaskResult {
+        Ok(())
+    }
+    /// A record of the first input.
+    fn process1(
+        &mut self,
+        value: I1,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<O>,
+    ) -> TaskResult;
+    /// A record of the second input.
+    fn process2(
+        &mut self,
+        value: I2,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<O>,
+    ) -> TaskResult;
+}
+
+/// Processes two connected (not keyed) streams.
+pub trait CoProcessFunction<I1, I2, O>: Clone + Send + 'static {
+    /// A record of the first input.
+    fn process1(&mut self, value: I1, out: &mut Collector<O>) -> TaskResult;
+    /// A record of the second input.
+    fn process2(&mut self, value: I2, out: &mut Collector<O>) -> TaskResult;
+}

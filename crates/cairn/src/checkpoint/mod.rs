@@ -1,0 +1,112 @@
+//! Checkpoints: what a completed checkpoint records (`_metadata`), the checkpoint coordinator
+//! that triggers, collects, completes, aborts and retains them, and finding and loading the
+//! checkpoint to restore from.
+//!
+//! The coordinator owns no thread: the job master calls it from its loop. It does not know how
+//! tasks run; it talks to them only through their mailboxes ([`Mail`]).
+
+pub mod coordinator;
+pub mod restore;
+
+use serde::{Deserialize, Serialize};
+
+pub use coordinator::CheckpointCoordinator;
+pub use restore::{
+    find_latest, list_checkpoints, load_checkpoint, load_from_path, CheckpointInfo,
+    LoadedCheckpoint,
+};
+
+/// The state handle of one subtask of one operator.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SubtaskStateHandle {
+    /// Subtask index.
+    pub subtask: u32,
+    /// File holding the state, relative to the checkpoint directory.
+    pub file: String,
+}
+
+/// The state of one operator in a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OperatorMetadata {
+    /// Operator uid.
+    pub uid: String,
+    /// Parallelism when the checkpoint was taken.
+    pub parallelism: u32,
+    /// One handle per subtask that has state.
+    pub subtasks: Vec<SubtaskStateHandle>,
+}
+
+/// Timings of one subtask's part of a checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TaskCheckpointStats {
+    /// Task name (the chain's operator names).
+    pub task: String,
+    /// Subtask index.
+    pub subtask: u32,
+    /// Synchronous part (ms).
+    pub sync_ms: u64,
+    /// Asynchronous part: serialization and upload (ms).
+    pub async_ms: u64,
+    /// Time from the first barrier to the last barrier of the alignment (ms).
+    pub alignment_ms: u64,
+    /// From trigger to the barrier reaching this task (ms).
+    pub start_delay_ms: u64,
+    /// Bytes written.
+    pub state_size: u64,
+}
+
+/// The `_metadata` of a completed checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointMetadata {
+    /// Job id (directory name).
+    pub job_id: String,
+    /// Job name.
+    pub job_name: String,
+    /// Checkpoint id.
+    pub checkpoint_id: u64,
+    /// When it was triggered (ms since the Unix epoch).
+    pub trigger_timestamp_ms: u64,
+    /// When it completed (ms since the Unix epoch).
+    pub completed_timestamp_ms: u64,
+    /// Number of key groups of keyed state.
+    pub max_parallelism: u32,
+    /// Operators with state.
+    pub operators: Vec<OperatorMetadata>,
+    /// Total bytes of the state files.
+    pub state_size: u64,
+    /// Per-subtask statistics.
+    pub tasks: Vec<TaskCheckpointStats>,
+}
+
+impl CheckpointMetadata {
+    /// End-to-end duration (ms).
+    pub fn duration_ms(&self) -> u64 {
+        self.completed_timestamp_ms
+            .saturating_sub(self.trigger_timestamp_ms)
+    }
+}
+
+/// A subtask's acknowledgement of a checkpoint: its state is persisted.
+#[derive(Debug, Clone)]
+pub struct TaskAck {
+    /// Checkpoint id.
+    pub checkpoint_id: u64,
+    /// Index of the subtask among all the job's subtasks.
+    pub task_index: usize,
+    /// Attempt the task belongs to (acks of older attempts are ignored).
+    pub attempt: u32,
+    /// The state file (relative to the checkpoint directory), None if the chain is stateless.
+    pub file: Option<String>,
+    /// The uids of the operators whose state is in the file.
+    pub uids: Vec<String>,
+    /// Statistics.
+    pub stats: TaskCheckpointStats,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,296 @@
+//! Finding, validating and loading the checkpoint to restore from.
+//!
+//! A checkpoint is usable only if its `_metadata` and every state file it names decode with a
+//! matching format version and checksum. A torn or corrupt newest checkpoint is skipped for the
+//! previous one with a warning; restoring never reads garbage.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::CheckpointMetadata;
+use crate::state::keygroup::KeyGroupRange;
+use crate::state::{OperatorStateData, RestoredState};
+use crate::storage::format::{decode, FileKind};
+use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, METADATA_FILE};
+use crate::storage::{CheckpointStorage, FsStorage};
+
+/// The content of one subtask's state file: the state of every operator of its chain.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TaskStateFile {
+    /// One entry per stateful operator.
+    pub operators: Vec<OperatorStateData>,
+}
+
+/// A validated checkpoint, loaded into memory.
+#[derive(Debug, Clone)]
+pub struct LoadedCheckpoint {
+    /// Its metadata.
+    pub metadata: CheckpointMetadata,
+    /// Where it lives (for log lines).
+    pub location: String,
+    /// Storage root and job id it was loaded from.
+    pub storage_root: Option<PathBuf>,
+    /// Operator uid → (old subtask, state), by old subtask index.
+    states: HashMap<String, Vec<(u32, OperatorStateData)>>,
+}
+
+impl LoadedCheckpoint {
+    /// The checkpoint id.
+    pub fn id(&self) -> u64 {
+        self.metadata.checkpoint_id
+    }
+
+    /// Uids of the operators with state.
+    pub fn uids(&self) -> impl Iterator<Item = &str> {
+        self.states.keys().map(|s| s.as_str())
+    }
+
+    /// The state subtask `subtask` of `parallelism` of operator `uid` gets: keyed state of the
+    /// key groups it owns (from whichever old subtasks held them — rescaling), and operator
+    /// list states: its own when the parallelism is unchanged, round robin otherwise.
+    pub fn restored_for(&self, uid: &str, subtask: u32, parallelism: u32) -> RestoredState {
+        let mut out = RestoredState::default();
+        let Some(old) = self.states.get(uid) else {
+            return out;
+        };
+        let range = KeyGroupRange::for_subtask(self.metadata.max_parallelism, parallelism, subtask);
+        for (_, data) in old {
+            for t in &data.keyed {
+                let groups = out.keyed.entry(t.name.clone()).or_default();
+                groups.extend(
+                    t.groups
+                        .iter()
+                        .filter(|(kg, _)| range.contains(*kg))
+                        .cloned(),
+                );
+            }
+        }
+        let old_parallelism = self
+            .metadata
+            .operators
+            .iter()
+            .find(|o| o.uid == uid)
+            .map_or(0, |o| o.parallelism);
+        if old_parallelism == parallelism {
+            for (s, data) in old {
+                if *s == subtask {
+                    for (name, entries) in &data.operator {
+                        out.operator
+                            .entry(name.clone())
+                            .or_default()
+                            .extend(entries.iter().cloned());
+                    }
+                }
+            }
+        } else {
+            let mut j = 0u32;
+            for (_, data) in old {
+                for (name, entries) in &data.operator {
+                    for e in entries {
+                        if j % parallelism.max(1) == subtask {
+                            out.operator
+                                .entry(name.clone())
+                                .or_default()
+                                .push(e.clone());
+                        }
+                        j += 1;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every entry of operator list state `name` of `uid`, over all old subtasks (a sink's
+    /// pre-committed transactions are committed by one global step).
+    pub fn all_list_entries(&self, uid: &str, name: &str) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        if let Some(old) = self.states.get(uid) {
+            for (_, data) in old {
+                for (n, entries) in &data.operator {
+                    if n == name {
+                        out.extend(entries.iter().cloned());
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Loads and validates checkpoint `id` of job `job_id`.
+pub fn load_checkpoint(
+    storage: &dyn CheckpointStorage,
+    job_id: &str,
+    id: u64,
+) -> Result<LoadedCheckpoint, String> {
+    let meta_path = metadata_path(job_id, id);
+    let bytes = storage.read(&meta_path).map_err(|e| e.to_string())?;
+    let metadata: CheckpointMetadata = decode(FileKind::Metadata, &bytes)
+        .map_err(|e| format!("{}: {e}", storage.location(&meta_path)))?;
+    if metadata.checkpoint_id != id || metadata.job_id != job_id {
+        return Err(format!(
+            "{}: metadata names checkpoint {} of job {}",
+            storage.location(&meta_path),
+            metadata.checkpoint_id,
+            metadata.job_id
+        ));
+    }
+    let dir = checkpoint_dir(job_id, id);
+    let mut files: HashMap<String, TaskStateFile> = HashMap::new();
+    let mut states: HashMap<String, Vec<(u32, OperatorStateData)>> = HashMap::new();
+    for op in &metadata.operators {
+        for h in &op.subtasks {
+            if !files.contains_key(&h.file) {
+                let path = format!("{dir}/{}", h.file);
+                let bytes = storage.read(&path).map_err(|e| e.to_string())?;
+                let f: TaskStateFile = decode(FileKind::TaskState, &bytes)
+                    .map_err(|e| format!("{}: {e}", storage.location(&path)))?;
+                files.insert(h.file.clone(), f);
+            }
+            let data = files
+                .get(&h.file)
+                .and_then(|f| f.operators.iter().find(|o| o.uid == op.uid))
+                .cloned()
+                .ok_or_else(|| format!("state of operator '{}' missing from {}", op.uid, h.file))?;
+            states
+                .entry(op.uid.clone())
+                .or_default()
+                .push((h.subtask, data));
+        }
+    }
+    for v in states.values_mut() {
+        v.sort_by_key(|(s, _)| *s);
+    }
+    Ok(LoadedCheckpoint {
+        metadata,
+        location: storage.location(&dir),
+        storage_root: None,
+        states,
+    })
+}
+
+fn checkpoint_ids(storage: &dyn CheckpointStorage, job_id: &str) -> Vec<u64> {
+    let mut ids: Vec<u64> = storage
+        .list(job_id)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| parse_checkpoint_dir(n))
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The newest usable checkpoint under a checkpoint directory (all jobs), skipping torn or
+/// corrupt ones with a warning.
+pub fn find_latest(storage: &dyn CheckpointStorage) -> Result<Option<LoadedCheckpoint>, String> {
+    let jobs = storage.list("").map_err(|e| e.to_string())?;
+    let mut candidates: Vec<(u64, u64, String)> = Vec::new();
+    for job in jobs {
+        for id in checkpoint_ids(storage, &job) {
+            if !storage.exists(&metadata_path(&job, id)).unwrap_or(false) {
+                continue;
+            }
+            // Order by completion time; a metadata file that does not even decode sorts by id.
+            let ts = storage
+                .read(&metadata_path(&job, id))
+                .ok()
+                .and_then(|b| decode::<CheckpointMetadata>(FileKind::Metadata, &b).ok())
+                .map_or(0, |m| m.completed_timestamp_ms);
+            candidates.push((ts, id, job.clone()));
+        }
+    }
+    candidates.sort();
+    while let Some((_, id, job)) = candidates.pop() {
+        match load_checkpoint(storage, &job, id) {
+            Ok(c) => return Ok(Some(c)),
+            Err(e) => warn!(
+                "skipping unusable checkpoint {}: {e}",
+                storage.location(&checkpoint_dir(&job, id))
+            ),
+        }
+    }
+    Ok(None)
+}
+
+/// Loads the checkpoint at `path`: a `chk-<n>` directory or its `_metadata` file.
+pub fn load_from_path(path: &Path) -> Result<(LoadedCheckpoint, Arc<FsStorage>), String> {
+    let mut dir = path.to_path_buf();
+    if dir.file_name().is_some_and(|n| n == METADATA_FILE) {
+        dir.pop();
+    }
+    if !dir.is_dir() {
+        return Err(format!("checkpoint {} does not exist", path.display()));
+    }
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| format!("cannot open checkpoint {}: {e}", path.display()))?;
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let id = parse_checkpoint_dir(name).ok_or_else(|| {
+        format!(
+            "{} is not a checkpoint directory (expected .../<job-id>/chk-<n>)",
+            path.display()
+        )
+    })?;
+    let job_dir = dir
+        .parent()
+        .ok_or_else(|| format!("{} has no job directory", path.display()))?;
+    let job_id = job_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{} has no job directory", path.display()))?
+        .to_string();
+    let root = job_dir
+        .parent()
+        .ok_or_else(|| format!("{} has no checkpoint root", path.display()))?;
+    let storage = Arc::new(FsStorage::open(root).map_err(|e| e.to_string())?);
+    let mut c = load_checkpoint(storage.as_ref(), &job_id, id)
+        .map_err(|e| format!("checkpoint {} is unusable: {e}", path.display()))?;
+    c.storage_root = Some(root.to_path_buf());
+    Ok((c, storage))
+}
+
+/// One checkpoint directory, as `cairn checkpoints` shows it.
+#[derive(Debug, Clone)]
+pub struct CheckpointInfo {
+    /// Job id.
+    pub job_id: String,
+    /// Checkpoint id.
+    pub id: u64,
+    /// Metadata, when the checkpoint is complete and valid.
+    pub metadata: Option<CheckpointMetadata>,
+    /// Bytes on disk.
+    pub size: u64,
+    /// Why it is not usable, if it is not.
+    pub problem: Option<String>,
+}
+
+/// Every checkpoint directory under `storage` (a checkpoint root holding job directories).
+pub fn list_checkpoints(storage: &dyn CheckpointStorage) -> Result<Vec<CheckpointInfo>, String> {
+    let mut out = Vec::new();
+    for job in storage.list("").map_err(|e| e.to_string())? {
+        for id in checkpoint_ids(storage, &job) {
+            let size = storage.size(&checkpoint_dir(&job, id)).unwrap_or(0);
+            let (metadata, problem) = if storage.exists(&metadata_path(&job, id)).unwrap_or(false) {
+                match load_checkpoint(storage, &job, id) {
+                    Ok(c) => (Some(c.metadata), None),
+                    Err(e) => (None, Some(e)),
+                }
+            } else {
+                (None, Some("incomplete: no _metadata".to_string()))
+            };
+            out.push(CheckpointInfo {
+                job_id: job.clone(),
+                id,
+                metadata,
+                size,
+                problem,
+            });
+        }
+    }
+    Ok(out)
+}

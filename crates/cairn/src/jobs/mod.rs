@@ -1,0 +1,3 @@
+//! Built-in jobs, shipped in the `cairn` binary and buildable by name in every process.
+
+pub mod wordcount;

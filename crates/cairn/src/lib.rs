@@ -1,0 +1,18 @@
+//! cairn: a stream processor whose every record affects state and the outside world exactly
+//! once, through crashes, kills and restarts.
+//!
+//! Layers (see `ARCHITECTURE.md`): [`api`] builds job graphs; [`runtime`] runs them; [`checkpoint`]
+//! coordinates and restores snapshots; [`state`] holds keyed state; [`storage`] persists
+//! checkpoint files; [`connectors`] are sources and sinks; [`jobs`] are the built-in jobs.
+
+pub mod api;
+pub mod checkpoint;
+pub mod config;
+pub mod connectors;
+pub mod error;
+pub mod jobs;
+pub mod runtime;
+pub mod state;
+pub mod storage;
+
+pub use error::{TaskError, TaskResult};

@@ -1,0 +1,602 @@
+//! Operator chains: the operators of one task, called one after the other on whole batches in
+//! one thread, with no channel and no copy between them; and the record writer at the end of a
+//! chain that partitions batches onto the outgoing channels.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use super::channel::{Barrier, ChannelSender, Element, BATCH_RECORDS_MAX};
+use crate::error::{TaskError, TaskResult};
+use crate::state::keygroup::{key_group_of_hash, subtask_for_key_group};
+use crate::state::OperatorSnapshot;
+
+/// An event every output channel receives, in order with the records.
+#[derive(Debug, Clone, Copy)]
+pub enum Event {
+    /// Checkpoint barrier.
+    Barrier(Barrier),
+    /// No more records.
+    EndOfStream,
+}
+
+impl Event {
+    fn element(self) -> Element {
+        match self {
+            Event::Barrier(b) => Element::Barrier(b),
+            Event::EndOfStream => Element::EndOfStream,
+        }
+    }
+}
+
+/// A one-input operator, called on whole batches.
+pub trait Operator<I, O>: Send + 'static {
+    /// Processes (drains) `input`, appending results to `out`.
+    fn process(&mut self, input: &mut Vec<I>, out: &mut Vec<O>) -> TaskResult;
+    /// The input ended; may emit final records.
+    fn end_input(&mut self, _out: &mut Vec<O>) -> TaskResult {
+        Ok(())
+    }
+    /// Synchronous part of a snapshot (None: stateless).
+    fn snapshot(&mut self, _checkpoint_id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+        Ok(None)
+    }
+    /// Checkpoint `id` completed.
+    fn notify_complete(&mut self, _checkpoint_id: u64) -> TaskResult {
+        Ok(())
+    }
+    /// Checkpoint `id` was aborted.
+    fn notify_aborted(&mut self, _checkpoint_id: u64) -> TaskResult {
+        Ok(())
+    }
+}
+
+/// A two-input operator.
+pub trait TwoInputOperator<I1, I2, O>: Send + 'static {
+    /// Processes a batch of the first input.
+    fn process1(&mut self, input: &mut Vec<I1>, out: &mut Vec<O>) -> TaskResult;
+    /// Processes a batch of the second input.
+    fn process2(&mut self, input: &mut Vec<I2>, out: &mut Vec<O>) -> TaskResult;
+    /// Both inputs ended.
+    fn end_input(&mut self, _out: &mut Vec<O>) -> TaskResult {
+        Ok(())
+    }
+    /// Synchronous part of a snapshot.
+    fn snapshot(&mut self, _checkpoint_id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+        Ok(None)
+    }
+    /// Checkpoint `id` completed.
+    fn notify_complete(&mut self, _checkpoint_id: u64) -> TaskResult {
+        Ok(())
+    }
+}
+
+/// The rest of a chain, seen from the operator before it.
+pub trait Chain<I>: Send {
+    /// Pushes (drains) a batch.
+    fn push(&mut self, batch: &mut Vec<I>) -> TaskResult;
+    /// The input of the chain ended.
+    fn end_input(&mut self) -> TaskResult;
+    /// Collects the synchronous snapshots of every operator.
+    fn snapshot(&mut self, checkpoint_id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult;
+    /// Notifies every operator that a checkpoint completed.
+    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult;
+    /// Notifies every operator that a checkpoint was aborted.
+    fn notify_aborted(&mut self, checkpoint_id: u64) -> TaskResult;
+    /// Flushes partial batches, then sends `event` on every output channel.
+    fn emit(&mut self, event: Event) -> TaskResult;
+    /// Sends partial batches.
+    fn flush(&mut self) -> TaskResult;
+}
+
+/// An operator followed by the rest of its chain.
+pub struct Link<I, O, Op> {
+    op: Op,
+    out: Vec<O>,
+    next: Box<dyn Chain<O>>,
+    _i: std::marker::PhantomData<fn(I)>,
+}
+
+impl<I, O, Op> Link<I, O, Op> {
+    /// Puts `op` in front of `next`.
+    pub fn new(op: Op, next: Box<dyn Chain<O>>) -> Self {
+        Link {
+            op,
+            out: Vec::with_capacity(BATCH_RECORDS_MAX),
+            next,
+            _i: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<I: 'static, O: Send + 'static, Op: Operator<I, O>> Chain<I> for Link<I, O, Op> {
+    fn push(&mut self, batch: &mut Vec<I>) -> TaskResult {
+        self.op.process(batch, &mut self.out)?;
+        if !self.out.is_empty() {
+            self.next.push(&mut self.out)?;
+        }
+        Ok(())
+    }
+    fn end_input(&mut self) -> TaskResult {
+        self.op.end_input(&mut self.out)?;
+        if !self.out.is_empty() {
+            self.next.push(&mut self.out)?;
+        }
+        self.next.end_input()
+    }
+    fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+        if let Some(s) = self.op.snapshot(id)? {
+            out.push(s);
+        }
+        self.next.snapshot(id, out)
+    }
+    fn notify_complete(&mut self, id: u64) -> TaskResult {
+        self.op.notify_complete(id)?;
+        self.next.notify_complete(id)
+    }
+    fn notify_aborted(&mut self, id: u64) -> TaskResult {
+        self.op.notify_aborted(id)?;
+        self.next.notify_aborted(id)
+    }
+    fn emit(&mut self, event: Event) -> TaskResult {
+        self.next.emit(event)
+    }
+    fn flush(&mut self) -> TaskResult {
+        self.next.flush()
+    }
+}
+
+/// The end of a chain with no outgoing channel (after a sink).
+pub struct NullChain;
+
+impl<T: Send> Chain<T> for NullChain {
+    fn push(&mut self, batch: &mut Vec<T>) -> TaskResult {
+        batch.clear();
+        Ok(())
+    }
+    fn end_input(&mut self) -> TaskResult {
+        Ok(())
+    }
+    fn snapshot(&mut self, _: u64, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
+        Ok(())
+    }
+    fn notify_complete(&mut self, _: u64) -> TaskResult {
+        Ok(())
+    }
+    fn notify_aborted(&mut self, _: u64) -> TaskResult {
+        Ok(())
+    }
+    fn emit(&mut self, _: Event) -> TaskResult {
+        Ok(())
+    }
+    fn flush(&mut self) -> TaskResult {
+        Ok(())
+    }
+}
+
+/// How records of one edge are spread over the downstream subtasks.
+pub enum Partitioner<T> {
+    /// Subtask i sends to subtask i (a single channel).
+    Forward,
+    /// Round robin, record by record.
+    Rebalance,
+    /// By key group of the key hash.
+    Hash {
+        key_hash: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+        max_parallelism: u32,
+    },
+    /// Every record to every subtask.
+    Broadcast,
+}
+
+/// The output of one edge for one subtask: its channels and a partial batch per channel.
+pub struct EdgeWriter<T> {
+    partitioner: Partitioner<T>,
+    senders: Vec<ChannelSender>,
+    buffers: Vec<Vec<T>>,
+    next_channel: usize,
+}
+
+impl<T: Clone + Send + 'static> EdgeWriter<T> {
+    /// A writer onto `senders` (one per downstream subtask, or one for forward edges).
+    pub fn new(partitioner: Partitioner<T>, senders: Vec<ChannelSender>) -> Self {
+        let buffers = senders.iter().map(|_| Vec::new()).collect();
+        EdgeWriter {
+            partitioner,
+            senders,
+            buffers,
+            next_channel: 0,
+        }
+    }
+
+    fn send(&mut self, ch: usize) -> TaskResult {
+        let full = std::mem::replace(&mut self.buffers[ch], Vec::with_capacity(BATCH_RECORDS_MAX));
+        self.senders[ch].send_batch(Box::new(full))
+    }
+
+    fn push_one(&mut self, ch: usize, rec: T) -> TaskResult {
+        let buf = &mut self.buffers[ch];
+        if buf.capacity() == 0 {
+            buf.reserve(BATCH_RECORDS_MAX);
+        }
+        buf.push(rec);
+        if buf.len() >= BATCH_RECORDS_MAX {
+            self.send(ch)?;
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, batch: &mut Vec<T>) -> TaskResult {
+        let channels = self.senders.len();
+        if channels == 1 && !matches!(self.partitioner, Partitioner::Broadcast) {
+            // One channel: hand over the whole batch when nothing is buffered.
+            if self.buffers[0].is_empty() && batch.len() >= BATCH_RECORDS_MAX / 2 {
+                let full = std::mem::replace(batch, Vec::with_capacity(BATCH_RECORDS_MAX));
+                return self.senders[0].send_batch(Box::new(full));
+            }
+            for rec in batch.drain(..) {
+                self.push_one(0, rec)?;
+            }
+            return Ok(());
+        }
+        match &self.partitioner {
+            Partitioner::Forward => {
+                for rec in batch.drain(..) {
+                    self.push_one(0, rec)?;
+                }
+            }
+            Partitioner::Rebalance => {
+                let mut ch = self.next_channel;
+                for rec in batch.drain(..) {
+                    self.push_one(ch, rec)?;
+                    ch += 1;
+                    if ch == channels {
+                        ch = 0;
+                    }
+                }
+                self.next_channel = ch;
+            }
+            Partitioner::Hash {
+                key_hash,
+                max_parallelism,
+            } => {
+                let key_hash = key_hash.clone();
+                let maxp = *max_parallelism;
+                for rec in batch.drain(..) {
+                    let kg = key_group_of_hash(key_hash(&rec), maxp);
+                    let ch = subtask_for_key_group(kg, maxp, channels as u32) as usize;
+                    self.push_one(ch, rec)?;
+                }
+            }
+            Partitioner::Broadcast => {
+                for rec in batch.drain(..) {
+                    for ch in 1..channels {
+                        self.push_one(ch, rec.clone())?;
+                    }
+                    self.push_one(0, rec)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> TaskResult {
+        for ch in 0..self.senders.len() {
+            if !self.buffers[ch].is_empty() {
+                self.send(ch)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn emit(&mut self, event: Event) -> TaskResult {
+        self.flush()?;
+        for s in &self.senders {
+            s.send_event(event.element())?;
+        }
+        Ok(())
+    }
+}
+
+/// The end of a chain that has outgoing edges: writes every record to each edge.
+pub struct RecordWriter<T> {
+    edges: Vec<EdgeWriter<T>>,
+    copy: Vec<T>,
+}
+
+impl<T: Clone + Send + 'static> RecordWriter<T> {
+    /// A writer onto the given edges.
+    pub fn new(edges: Vec<EdgeWriter<T>>) -> Self {
+        RecordWriter {
+            edges,
+            copy: Vec::new(),
+        }
+    }
+}
+
+impl<T: Clone + Send + 'static> Chain<T> for RecordWriter<T> {
+    fn push(&mut self, batch: &mut Vec<T>) -> TaskResult {
+        let n = self.edges.len();
+        for i in 0..n.saturating_sub(1) {
+            self.copy.clear();
+            self.copy.extend(batch.iter().cloned());
+            self.edges[i].push(&mut self.copy)?;
+        }
+        match self.edges.last_mut() {
+            Some(last) => last.push(batch),
+            None => {
+                batch.clear();
+                Ok(())
+            }
+        }
+    }
+    fn end_input(&mut self) -> TaskResult {
+        Ok(())
+    }
+    fn snapshot(&mut self, _: u64, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
+        Ok(())
+    }
+    fn notify_complete(&mut self, _: u64) -> TaskResult {
+        Ok(())
+    }
+    fn notify_aborted(&mut self, _: u64) -> TaskResult {
+        Ok(())
+    }
+    fn emit(&mut self, event: Event) -> TaskResult {
+        for e in &mut self.edges {
+            e.emit(event)?;
+        }
+        Ok(())
+    }
+    fn flush(&mut self) -> TaskResult {
+        for e in &mut self.edges {
+            e.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// What a source poll produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceStatus {
+    /// More records may follow.
+    More,
+    /// Every assigned split is read to its end.
+    Exhausted,
+}
+
+/// A replayable source of records: its read positions are operator state.
+pub trait Source<T>: Send + Sync + 'static {
+    /// The splits of a fresh start, each serialized with its start position; split `j` goes to
+    /// subtask `j mod parallelism`. Errors here (say, a missing input file) fail the job before
+    /// it starts.
+    fn create_splits(&self, parallelism: u32) -> TaskResult<Vec<Vec<u8>>>;
+    /// A reader of the given splits (fresh or restored positions).
+    fn create_reader(
+        &self,
+        subtask: u32,
+        splits: Vec<Vec<u8>>,
+    ) -> TaskResult<Box<dyn SourceReader<T>>>;
+}
+
+/// Reads the splits of one source subtask.
+pub trait SourceReader<T>: Send {
+    /// Appends up to `max` records to `out`.
+    fn poll(&mut self, out: &mut Vec<T>, max: usize) -> TaskResult<SourceStatus>;
+    /// The splits with their current positions (the source's state in a checkpoint).
+    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>>;
+}
+
+/// The type-erased head of a task: a source reader or the first operator of the chain.
+pub trait TaskBody: Send {
+    /// Processes a batch (a `Vec<I>` of the head's input `port`); returns its record count.
+    fn process(&mut self, port: usize, batch: Box<dyn Any + Send>) -> TaskResult<usize>;
+    /// All channels of `port` ended.
+    fn end_input(&mut self, port: usize) -> TaskResult;
+    /// Sources: reads one batch and pushes it down the chain; returns (records, status).
+    fn poll_source(&mut self) -> TaskResult<(usize, SourceStatus)>;
+    /// Synchronous snapshot of every operator of the chain.
+    fn snapshot(&mut self, checkpoint_id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult;
+    /// Checkpoint completed.
+    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult;
+    /// Checkpoint aborted.
+    fn notify_aborted(&mut self, checkpoint_id: u64) -> TaskResult;
+    /// Flushes and sends an event downstream.
+    fn emit(&mut self, event: Event) -> TaskResult;
+    /// Sends partial batches downstream.
+    fn flush(&mut self) -> TaskResult;
+}
+
+fn downcast<T: 'static>(batch: Box<dyn Any + Send>) -> TaskResult<Vec<T>> {
+    batch
+        .downcast::<Vec<T>>()
+        .map(|b| *b)
+        .map_err(|_| TaskError::msg("a batch of an unexpected record type reached a task"))
+}
+
+/// A chain whose head takes one input.
+pub struct OneInputBody<I> {
+    chain: Box<dyn Chain<I>>,
+}
+
+impl<I> OneInputBody<I> {
+    /// Wraps a chain.
+    pub fn new(chain: Box<dyn Chain<I>>) -> Self {
+        OneInputBody { chain }
+    }
+}
+
+macro_rules! delegate_chain {
+    ($field:ident) => {
+        fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+            self.$field.snapshot(id, out)
+        }
+        fn notify_complete(&mut self, id: u64) -> TaskResult {
+            self.$field.notify_complete(id)
+        }
+        fn notify_aborted(&mut self, id: u64) -> TaskResult {
+            self.$field.notify_aborted(id)
+        }
+        fn emit(&mut self, event: Event) -> TaskResult {
+            self.$field.emit(event)
+        }
+        fn flush(&mut self) -> TaskResult {
+            self.$field.flush()
+        }
+    };
+}
+
+impl<I: Send + 'static> TaskBody for OneInputBody<I> {
+    fn process(&mut self, _port: usize, batch: Box<dyn Any + Send>) -> TaskResult<usize> {
+        let mut batch = downcast::<I>(batch)?;
+        let n = batch.len();
+        self.chain.push(&mut batch)?;
+        Ok(n)
+    }
+    fn end_input(&mut self, _port: usize) -> TaskResult {
+        self.chain.end_input()
+    }
+    fn poll_source(&mut self) -> TaskResult<(usize, SourceStatus)> {
+        Err(TaskError::msg("not a source task"))
+    }
+    delegate_chain!(chain);
+}
+
+/// A source reader feeding a chain.
+pub struct SourceBody<T> {
+    uid: String,
+    reader: Box<dyn SourceReader<T>>,
+    buf: Vec<T>,
+    chain: Box<dyn Chain<T>>,
+}
+
+/// Name of the operator list state holding a source's splits.
+pub const SOURCE_SPLITS_STATE: &str = "splits";
+
+impl<T> SourceBody<T> {
+    /// A source task body.
+    pub fn new(uid: String, reader: Box<dyn SourceReader<T>>, chain: Box<dyn Chain<T>>) -> Self {
+        SourceBody {
+            uid,
+            reader,
+            buf: Vec::with_capacity(BATCH_RECORDS_MAX),
+            chain,
+        }
+    }
+}
+
+impl<T: Send + 'static> TaskBody for SourceBody<T> {
+    fn process(&mut self, _port: usize, _batch: Box<dyn Any + Send>) -> TaskResult<usize> {
+        Err(TaskError::msg("a source task has no input"))
+    }
+    fn end_input(&mut self, _port: usize) -> TaskResult {
+        self.chain.end_input()
+    }
+    fn poll_source(&mut self) -> TaskResult<(usize, SourceStatus)> {
+        let status = self.reader.poll(&mut self.buf, BATCH_RECORDS_MAX)?;
+        let n = self.buf.len();
+        if n > 0 {
+            self.chain.push(&mut self.buf)?;
+        }
+        Ok((n, status))
+    }
+    fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+        let splits = self.reader.snapshot()?;
+        out.push(OperatorSnapshot::new(self.uid.clone()).with_list(SOURCE_SPLITS_STATE, splits));
+        self.chain.snapshot(id, out)
+    }
+    fn notify_complete(&mut self, id: u64) -> TaskResult {
+        self.chain.notify_complete(id)
+    }
+    fn notify_aborted(&mut self, id: u64) -> TaskResult {
+        self.chain.notify_aborted(id)
+    }
+    fn emit(&mut self, event: Event) -> TaskResult {
+        self.chain.emit(event)
+    }
+    fn flush(&mut self) -> TaskResult {
+        self.chain.flush()
+    }
+}
+
+/// A two-input operator heading a chain.
+pub struct TwoInputBody<I1, I2, O, Op> {
+    op: Op,
+    out: Vec<O>,
+    next: Box<dyn Chain<O>>,
+    ended: [bool; 2],
+    _i: std::marker::PhantomData<fn(I1, I2)>,
+}
+
+impl<I1, I2, O, Op> TwoInputBody<I1, I2, O, Op> {
+    /// `op` in front of `next`.
+    pub fn new(op: Op, next: Box<dyn Chain<O>>) -> Self {
+        TwoInputBody {
+            op,
+            out: Vec::with_capacity(BATCH_RECORDS_MAX),
+            next,
+            ended: [false; 2],
+            _i: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<I1, I2, O, Op> TaskBody for TwoInputBody<I1, I2, O, Op>
+where
+    I1: Send + 'static,
+    I2: Send + 'static,
+    O: Send + 'static,
+    Op: TwoInputOperator<I1, I2, O>,
+{
+    fn process(&mut self, port: usize, batch: Box<dyn Any + Send>) -> TaskResult<usize> {
+        let n = if port == 0 {
+            let mut b = downcast::<I1>(batch)?;
+            let n = b.len();
+            self.op.process1(&mut b, &mut self.out)?;
+            n
+        } else {
+            let mut b = downcast::<I2>(batch)?;
+            let n = b.len();
+            self.op.process2(&mut b, &mut self.out)?;
+            n
+        };
+        if !self.out.is_empty() {
+            self.next.push(&mut self.out)?;
+        }
+        Ok(n)
+    }
+    fn end_input(&mut self, port: usize) -> TaskResult {
+        if let Some(e) = self.ended.get_mut(port) {
+            *e = true;
+        }
+        if self.ended == [true, true] {
+            self.op.end_input(&mut self.out)?;
+            if !self.out.is_empty() {
+                self.next.push(&mut self.out)?;
+            }
+            self.next.end_input()?;
+        }
+        Ok(())
+    }
+    fn poll_source(&mut self) -> TaskResult<(usize, SourceStatus)> {
+        Err(TaskError::msg("not a source task"))
+    }
+    fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+        if let Some(s) = self.op.snapshot(id)? {
+            out.push(s);
+        }
+        self.next.snapshot(id, out)
+    }
+    fn notify_complete(&mut self, id: u64) -> TaskResult {
+        self.op.notify_complete(id)?;
+        self.next.notify_complete(id)
+    }
+    fn notify_aborted(&mut self, id: u64) -> TaskResult {
+        self.next.notify_aborted(id)
+    }
+    fn emit(&mut self, event: Event) -> TaskResult {
+        self.next.emit(event)
+    }
+    fn flush(&mut self) -> TaskResult {
+        self.next.flush()
+    }
+}

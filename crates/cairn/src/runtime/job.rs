@@ -1,0 +1,837 @@
+//! The job master of embedded mode: turns a job graph into chained tasks, deploys them as
+//! threads, runs the checkpoint coordinator, and on a failure cancels every task and restores
+//! all of them from the latest completed checkpoint as the restart strategy allows.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use tracing::{info, warn};
+
+use super::channel::{ChannelSender, Credit, Mail, CHANNEL_CREDITS_MAX};
+use super::gate::{AlignmentMode, InputGate};
+use super::inject::FailureInjector;
+use super::operators::SINK_PENDING_STATE;
+use super::restart::RestartTracker;
+use super::task::{run_uploader, JobEvent, JobMetrics, TaskRuntime, UploadJob};
+use crate::api::{EdgeOutput, EdgePartition, JobGraph, NodeKind, SubtaskInit};
+use crate::checkpoint::coordinator::{CheckpointSettings, CompletedCheckpoint, TaskInfo};
+use crate::checkpoint::{
+    find_latest, load_checkpoint, load_from_path, CheckpointCoordinator, LoadedCheckpoint,
+};
+use crate::config::{CheckpointingMode, JobConfig, StateBackendKind};
+use crate::error::TaskError;
+use crate::runtime::chain::{TaskBody, SOURCE_SPLITS_STATE};
+use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
+
+/// Where a run starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreFrom {
+    /// The newest usable checkpoint under the checkpoint directory (fresh if there is none).
+    Latest,
+    /// A checkpoint directory (`.../<job-id>/chk-<n>`) or its `_metadata`.
+    Path(PathBuf),
+}
+
+/// Planned failures.
+#[derive(Debug, Clone, Copy)]
+pub struct InjectSpec {
+    /// Number of failures.
+    pub count: usize,
+    /// Seed choosing tasks and records.
+    pub seed: u64,
+    /// Records each task vertex is expected to see (bounds the chosen record numbers).
+    pub expected_records: u64,
+}
+
+/// How to run a job.
+#[derive(Clone, Default)]
+pub struct RunOptions {
+    /// Configuration.
+    pub config: JobConfig,
+    /// Start from a checkpoint.
+    pub restore: Option<RestoreFrom>,
+    /// Failures to inject.
+    pub inject: Option<InjectSpec>,
+    /// Called about once a second with the progress so far.
+    pub on_progress: Option<Arc<dyn Fn(&Progress) + Send + Sync>>,
+    /// Shared counters (created if None).
+    pub metrics: Option<Arc<JobMetrics>>,
+}
+
+/// Progress of a running job.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    /// Time since the start.
+    pub elapsed: Duration,
+    /// Records read by sources, replays included.
+    pub records: u64,
+    /// Checkpoints completed.
+    pub checkpoints: usize,
+    /// The last completed checkpoint.
+    pub last_checkpoint: Option<(u64, u64, u64)>,
+    /// Restarts so far.
+    pub restarts: u32,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct JobSummary {
+    /// Job id (the checkpoint directory name).
+    pub job_id: String,
+    /// Job name.
+    pub job_name: String,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Records read by sources, replays included.
+    pub records: u64,
+    /// Completed checkpoints.
+    pub checkpoints: Vec<CompletedCheckpoint>,
+    /// Failed checkpoints.
+    pub failed_checkpoints: u64,
+    /// Restarts after failures.
+    pub restarts: u32,
+    /// Failures injected (fired, planned).
+    pub injected: Option<(usize, usize)>,
+    /// The checkpoint the run started from, if any (location).
+    pub restored_from: Option<String>,
+    /// `--from latest` found nothing to restore.
+    pub started_fresh: bool,
+}
+
+/// Why a job did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// The job cannot start (bad graph, bad configuration, unusable input).
+    #[error("{0}")]
+    Setup(String),
+    /// No usable checkpoint to restore from.
+    #[error("{0}")]
+    Restore(String),
+    /// The job failed and the restart strategy gave up.
+    #[error("job failed after {restarts} restart(s): {cause} ({reason})")]
+    Failed {
+        /// Restarts done.
+        restarts: u32,
+        /// The last failure.
+        cause: String,
+        /// Why no further restart.
+        reason: String,
+    },
+}
+
+struct Vertex {
+    nodes: Vec<usize>,
+    parallelism: u32,
+    name: String,
+    is_source: bool,
+}
+
+struct Plan {
+    vertices: Vec<Vertex>,
+    node_parallelism: Vec<u32>,
+    max_parallelism: u32,
+}
+
+fn plan(graph: &JobGraph, config: &JobConfig) -> Result<Plan, JobError> {
+    let n = graph.nodes().len();
+    let maxp = config.max_parallelism;
+    let node_parallelism: Vec<u32> = graph
+        .nodes()
+        .iter()
+        .map(|node| node.parallelism.unwrap_or(config.parallelism))
+        .collect();
+    for (node, &p) in graph.nodes().iter().zip(&node_parallelism) {
+        if p > maxp {
+            return Err(JobError::Setup(format!(
+                "operator '{}' has parallelism {p}, above max parallelism {maxp} (pipeline.max-parallelism)",
+                node.uid
+            )));
+        }
+    }
+    let ins = |id: usize| graph.edges().iter().filter(move |e| e.to == id);
+    let outs = |id: usize| graph.edges().iter().filter(move |e| e.from == id);
+    // Node `id` joins its upstream's chain when the edge is point-to-point.
+    let chained_to = |id: usize| -> Option<usize> {
+        if !matches!(graph.nodes()[id].kind, NodeKind::OneInput { .. }) {
+            return None;
+        }
+        let mut it = ins(id);
+        let e = it.next()?;
+        if it.next().is_some() || outs(e.from).count() != 1 {
+            return None;
+        }
+        let (pu, pd) = (node_parallelism[e.from], node_parallelism[id]);
+        let point_to_point = match e.partition {
+            EdgePartition::Default => pu == pd,
+            _ => pu == 1 && pd == 1,
+        };
+        point_to_point.then_some(e.from)
+    };
+    let mut node_vertex = vec![usize::MAX; n];
+    let mut vertices: Vec<Vertex> = Vec::new();
+    for id in 0..n {
+        if chained_to(id).is_some() {
+            continue;
+        }
+        let v = vertices.len();
+        let mut nodes = vec![id];
+        let mut cur = id;
+        while let Some(next) = (0..n).find(|&d| chained_to(d) == Some(cur)) {
+            nodes.push(next);
+            cur = next;
+        }
+        for &x in &nodes {
+            node_vertex[x] = v;
+        }
+        let name = nodes
+            .iter()
+            .map(|&x| graph.nodes()[x].name.as_str())
+            .collect::<Vec<_>>()
+            .join(" -> ");
+        vertices.push(Vertex {
+            parallelism: node_parallelism[id],
+            is_source: matches!(graph.nodes()[id].kind, NodeKind::Source { .. }),
+            nodes,
+            name,
+        });
+    }
+    if node_vertex.contains(&usize::MAX) {
+        return Err(JobError::Setup("the job graph has a cycle".into()));
+    }
+    Ok(Plan {
+        vertices,
+        node_parallelism,
+        max_parallelism: maxp,
+    })
+}
+
+struct Deployment {
+    handles: Vec<JoinHandle<()>>,
+    mailboxes: Vec<Sender<Mail>>,
+    credits: Vec<Arc<Credit>>,
+    uploaders: Vec<JoinHandle<()>>,
+    infos: Vec<TaskInfo>,
+}
+
+impl Deployment {
+    fn cancel(self) {
+        for m in &self.mailboxes {
+            let _ = m.send(Mail::Cancel);
+        }
+        for c in &self.credits {
+            c.close();
+        }
+        self.join();
+    }
+
+    fn join(self) {
+        for h in self.handles {
+            let _ = h.join();
+        }
+        drop(self.mailboxes);
+        for u in self.uploaders {
+            let _ = u.join();
+        }
+    }
+}
+
+struct DeployCtx<'a> {
+    graph: &'a JobGraph,
+    plan: &'a Plan,
+    config: &'a JobConfig,
+    restored: Option<&'a LoadedCheckpoint>,
+    attempt: u32,
+    events: &'a Sender<JobEvent>,
+    storage: &'a Arc<dyn CheckpointStorage>,
+    job_id: &'a str,
+    injector: &'a Option<Arc<FailureInjector>>,
+    metrics: &'a Arc<JobMetrics>,
+}
+
+fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
+    let graph = cx.graph;
+    let plan = cx.plan;
+    let checkpointing = cx.config.checkpointing_enabled();
+    // Task indices and mailboxes.
+    let mut offsets = Vec::with_capacity(plan.vertices.len());
+    let mut total = 0usize;
+    for v in &plan.vertices {
+        offsets.push(total);
+        total += v.parallelism as usize;
+    }
+    let mut mail_tx = Vec::with_capacity(total);
+    let mut mail_rx = Vec::with_capacity(total);
+    for _ in 0..total {
+        let (tx, rx) = crossbeam_channel::unbounded::<Mail>();
+        mail_tx.push(tx);
+        mail_rx.push(Some(rx));
+    }
+    // Channels: per downstream task, its input channels; per edge and upstream subtask, senders.
+    let mut channel_ports: Vec<Vec<usize>> = vec![Vec::new(); total];
+    let mut channel_credits: Vec<Vec<Arc<Credit>>> = vec![Vec::new(); total];
+    let mut edge_senders: Vec<Vec<Vec<ChannelSender>>> = graph
+        .edges()
+        .iter()
+        .map(|e| vec![Vec::new(); plan.node_parallelism[e.from] as usize])
+        .collect();
+    let mut edge_forward = vec![false; graph.edges().len()];
+    let mut all_credits = Vec::new();
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        let head = v.nodes[0];
+        for i in 0..v.parallelism as usize {
+            let task = offsets[vi] + i;
+            for (ei, e) in graph
+                .edges()
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.to == head)
+            {
+                let pu = plan.node_parallelism[e.from] as usize;
+                let forward =
+                    matches!(e.partition, EdgePartition::Default) && pu == v.parallelism as usize;
+                edge_forward[ei] = forward;
+                let upstreams: Vec<usize> = if forward { vec![i] } else { (0..pu).collect() };
+                for j in upstreams {
+                    let credit = Credit::new(CHANNEL_CREDITS_MAX);
+                    let ch = channel_ports[task].len();
+                    channel_ports[task].push(e.port);
+                    channel_credits[task].push(credit.clone());
+                    all_credits.push(credit.clone());
+                    edge_senders[ei][j].push(ChannelSender::new(ch, mail_tx[task].clone(), credit));
+                }
+            }
+        }
+    }
+    let mode = match cx.config.checkpointing_mode {
+        CheckpointingMode::ExactlyOnce => AlignmentMode::Aligned,
+        CheckpointingMode::AtLeastOnce => AlignmentMode::Tracking,
+    };
+    let (upload_tx, upload_rx) = crossbeam_channel::unbounded::<UploadJob>();
+    let mut bodies: Vec<(usize, Box<dyn TaskBody>, u32)> = Vec::with_capacity(total);
+    let mut infos = Vec::with_capacity(total);
+    for (vi, v) in plan.vertices.iter().enumerate() {
+        for i in 0..v.parallelism {
+            let init_for = |node: usize| -> SubtaskInit {
+                let spec = &graph.nodes()[node];
+                let p = plan.node_parallelism[node];
+                SubtaskInit {
+                    uid: spec.uid.clone(),
+                    subtask: i,
+                    parallelism: p,
+                    max_parallelism: plan.max_parallelism,
+                    checkpointing,
+                    restored: cx
+                        .restored
+                        .map(|c| c.restored_for(&spec.uid, i, p))
+                        .unwrap_or_default(),
+                }
+            };
+            let tail = *v.nodes.last().unwrap_or(&v.nodes[0]);
+            let outputs: Vec<EdgeOutput> = graph
+                .edges()
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.from == tail)
+                .map(|(ei, e)| EdgeOutput {
+                    partition: e.partition.clone(),
+                    forward: edge_forward[ei],
+                    senders: std::mem::take(&mut edge_senders[ei][i as usize]),
+                    max_parallelism: plan.max_parallelism,
+                })
+                .collect();
+            let mut next = (graph.nodes()[tail].writer)(outputs)?;
+            for &node in v.nodes.iter().skip(1).rev() {
+                if let NodeKind::OneInput { link, .. } = &graph.nodes()[node].kind {
+                    next = link(&mut init_for(node), next)?;
+                }
+            }
+            let head = v.nodes[0];
+            let mut init = init_for(head);
+            let body = match &graph.nodes()[head].kind {
+                NodeKind::Source { splits, body } => {
+                    let restored_here =
+                        cx.restored.is_some_and(|c| c.uids().any(|u| u == init.uid));
+                    let my_splits = if restored_here {
+                        init.restored.take_list(SOURCE_SPLITS_STATE)
+                    } else {
+                        splits(v.parallelism)?
+                            .into_iter()
+                            .enumerate()
+                            .filter(|(j, _)| *j as u32 % v.parallelism == i)
+                            .map(|(_, s)| s)
+                            .collect()
+                    };
+                    body(&mut init, my_splits, next)?
+                }
+                NodeKind::OneInput { link, head: wrap } => wrap(link(&mut init, next)?)?,
+                NodeKind::TwoInput { body } => body(&mut init, next)?,
+            };
+            bodies.push((vi, body, i));
+            infos.push(TaskInfo {
+                name: v.name.clone(),
+                subtask: i,
+                is_source: v.is_source,
+                mailbox: mail_tx[offsets[vi] + i as usize].clone(),
+                operators: v
+                    .nodes
+                    .iter()
+                    .map(|&x| (graph.nodes()[x].uid.clone(), plan.node_parallelism[x]))
+                    .collect(),
+            });
+        }
+    }
+    let mut handles = Vec::with_capacity(total);
+    for (task, (vi, body, i)) in bodies.into_iter().enumerate() {
+        let v = &plan.vertices[vi];
+        let rt = TaskRuntime {
+            index: task,
+            vertex: vi,
+            name: v.name.clone(),
+            head_uid: graph.nodes()[v.nodes[0]].uid.clone(),
+            subtask: i,
+            attempt: cx.attempt,
+            body,
+            mailbox: mail_rx[task]
+                .take()
+                .ok_or_else(|| TaskError::msg("mailbox taken twice"))?,
+            gate: (!v.is_source).then(|| InputGate::new(channel_ports[task].len(), mode)),
+            channel_ports: std::mem::take(&mut channel_ports[task]),
+            credits: std::mem::take(&mut channel_credits[task]),
+            events: cx.events.clone(),
+            uploader: upload_tx.clone(),
+            injector: cx.injector.clone(),
+            metrics: cx.metrics.clone(),
+            checkpointing,
+        };
+        let events = cx.events.clone();
+        let attempt = cx.attempt;
+        let name = format!("{} #{}", v.name, i);
+        let h = std::thread::Builder::new()
+            .name(format!("task-{vi}-{i}"))
+            .spawn(move || {
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.run()))
+                    .unwrap_or_else(|p| {
+                        let msg = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(TaskError::msg(format!("panicked: {msg}")))
+                    });
+                let result = result.map_err(|e| e.context(format!("task '{name}'")));
+                let _ = events.send(JobEvent::Exited {
+                    attempt,
+                    task,
+                    result,
+                });
+            })
+            .map_err(|e| TaskError::msg(format!("cannot start a task thread: {e}")))?;
+        handles.push(h);
+    }
+    drop(upload_tx);
+    let mut uploaders = Vec::new();
+    for n in 0..2 {
+        let rx = upload_rx.clone();
+        let events = cx.events.clone();
+        let storage = cx.storage.clone();
+        let job_id = cx.job_id.to_string();
+        uploaders.push(
+            std::thread::Builder::new()
+                .name(format!("snapshot-uploader-{n}"))
+                .spawn(move || run_uploader(rx, events, storage, job_id))
+                .map_err(|e| TaskError::msg(format!("cannot start an uploader thread: {e}")))?,
+        );
+    }
+    Ok(Deployment {
+        handles,
+        mailboxes: mail_tx,
+        credits: all_credits,
+        uploaders,
+        infos,
+    })
+}
+
+fn new_job_id() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
+enum AttemptEnd {
+    Finished,
+    Failed(String),
+}
+
+/// Runs a job in this process until it finishes or fails for good.
+pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobError> {
+    let started = Instant::now();
+    let config = &opts.config;
+    config
+        .validate()
+        .map_err(|e| JobError::Setup(e.to_string()))?;
+    if config.state_backend == StateBackendKind::RocksDb {
+        return Err(JobError::Setup(
+            "state.backend.type: 'rocksdb' is not available in this build; use 'hashmap'".into(),
+        ));
+    }
+    if config.unaligned_enabled || !config.aligned_checkpoint_timeout.is_zero() {
+        return Err(JobError::Setup(
+            "execution.checkpointing.unaligned.enabled / aligned-checkpoint-timeout: unaligned checkpoints are not available in this build".into(),
+        ));
+    }
+    let plan = plan(graph, config)?;
+    let checkpointing = config.checkpointing_enabled();
+    let metrics = opts.metrics.clone().unwrap_or_default();
+
+    // Checkpoint storage: the configured directory, or coordinator memory.
+    let fs_storage: Option<Arc<FsStorage>> = match &config.checkpoints_dir {
+        Some(dir) => Some(Arc::new(
+            FsStorage::open(dir).map_err(|e| JobError::Setup(e.to_string()))?,
+        )),
+        None => None,
+    };
+    let storage: Arc<dyn CheckpointStorage> = match &fs_storage {
+        Some(s) => s.clone(),
+        None => Arc::new(MemoryStorage::new()),
+    };
+
+    // What to start from.
+    let mut job_id = new_job_id();
+    let mut restored: Option<LoadedCheckpoint> = None;
+    let mut started_fresh = false;
+    let mut claimed = false;
+    match &opts.restore {
+        None => {}
+        Some(RestoreFrom::Latest) => {
+            let Some(fs) = &fs_storage else {
+                return Err(JobError::Restore(
+                    "--from latest needs a checkpoint directory (--checkpoint-dir or state.checkpoints.dir)".into(),
+                ));
+            };
+            match find_latest(fs.as_ref()).map_err(JobError::Restore)? {
+                Some(c) => {
+                    job_id = c.metadata.job_id.clone();
+                    claimed = true;
+                    restored = Some(c);
+                }
+                None => {
+                    info!(
+                        "no completed checkpoint under {}; starting fresh",
+                        fs.location("")
+                    );
+                    started_fresh = true;
+                }
+            }
+        }
+        Some(RestoreFrom::Path(p)) => {
+            let (c, _) = load_from_path(p).map_err(JobError::Restore)?;
+            if let (Some(fs), Some(root)) = (&fs_storage, &c.storage_root) {
+                if fs.root() == root.as_path() {
+                    job_id = c.metadata.job_id.clone();
+                    claimed = true;
+                }
+            }
+            restored = Some(c);
+        }
+    }
+    let restored_from = restored.as_ref().map(|c| c.location.clone());
+    if let Some(c) = &restored {
+        info!("restoring job from checkpoint {} ({})", c.id(), c.location);
+        if c.metadata.max_parallelism != plan.max_parallelism {
+            return Err(JobError::Restore(format!(
+                "checkpoint {} was taken with max parallelism {}, the job has {}; key groups cannot be remapped",
+                c.location, c.metadata.max_parallelism, plan.max_parallelism
+            )));
+        }
+    }
+
+    let mut coordinator = checkpointing.then(|| {
+        let settings = CheckpointSettings {
+            interval: config.checkpoint_interval.unwrap_or(Duration::from_secs(1)),
+            timeout: config.checkpoint_timeout,
+            min_pause: config.min_pause,
+            max_concurrent: config.max_concurrent_checkpoints.max(1),
+            tolerable_failed: config.tolerable_failed_checkpoints,
+            num_retained: config.num_retained.max(1),
+        };
+        let min_next = restored.as_ref().map_or(1, |c| c.id() + 1);
+        let mut c = CheckpointCoordinator::new(
+            settings,
+            storage.clone(),
+            job_id.clone(),
+            graph.name().to_string(),
+            plan.max_parallelism,
+            min_next,
+        );
+        if claimed {
+            if let Some(r) = &restored {
+                c.adopt_retained(r.id());
+            }
+        }
+        c
+    });
+
+    let injector = opts.inject.map(|s| {
+        Arc::new(FailureInjector::new(
+            s.count,
+            s.seed,
+            plan.vertices.len(),
+            s.expected_records,
+        ))
+    });
+    let mut restarts = RestartTracker::new(config.effective_restart_strategy());
+    let mut restart_count = 0u32;
+    let mut attempt = 0u32;
+    let (events_tx, events_rx) = crossbeam_channel::unbounded::<JobEvent>();
+    let mut last_progress = Instant::now();
+
+    loop {
+        // The state to start this attempt from: the newest checkpoint completed by this run, else
+        // the one the run was started from. Read back from storage, so a restore is exactly what
+        // a new process would see.
+        if let Some(c) = coordinator.as_ref().and_then(|c| c.completed().last()) {
+            let id = c.id;
+            restored = Some(load_checkpoint(storage.as_ref(), &job_id, id).map_err(|e| {
+                JobError::Restore(format!("cannot read back completed checkpoint {id}: {e}"))
+            })?);
+        }
+        for node in graph.nodes() {
+            if let Some(init) = &node.sink_init {
+                let pending = restored
+                    .as_ref()
+                    .map(|c| c.all_list_entries(&node.uid, SINK_PENDING_STATE));
+                init(pending).map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
+            }
+        }
+        let cx = DeployCtx {
+            graph,
+            plan: &plan,
+            config,
+            restored: restored.as_ref(),
+            attempt,
+            events: &events_tx,
+            storage: &storage,
+            job_id: &job_id,
+            injector: &injector,
+            metrics: &metrics,
+        };
+        let deployment = match deploy(&cx) {
+            Ok(d) => d,
+            Err(e) if attempt == 0 => return Err(JobError::Setup(e.to_string())),
+            Err(e) => {
+                return Err(JobError::Failed {
+                    restarts: restart_count,
+                    cause: e.to_string(),
+                    reason: "the job could not be redeployed".into(),
+                })
+            }
+        };
+        if let Some(c) = coordinator.as_mut() {
+            c.start_attempt(attempt, deployment.infos.clone());
+        }
+        let sources: Vec<usize> = deployment
+            .infos
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.is_source)
+            .map(|(i, _)| i)
+            .collect();
+        let total = deployment.infos.len();
+        let mut exhausted = vec![false; total];
+        let mut exhausted_count = 0;
+        let mut final_checkpoint: Option<u64> = None;
+        let mut end_sent = false;
+        let mut exited = 0;
+
+        let end = loop {
+            let now = Instant::now();
+            let mut wake = now + Duration::from_millis(200);
+            if let Some(c) = &coordinator {
+                if final_checkpoint.is_none() {
+                    wake = wake.min(c.next_trigger_at());
+                }
+                if let Some(t) = c.next_timeout_at() {
+                    wake = wake.min(t);
+                }
+            }
+            let event = match events_rx.recv_timeout(wake.saturating_duration_since(now)) {
+                Ok(e) => Some(e),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    break AttemptEnd::Failed("event channel closed".into())
+                }
+            };
+            let mut failure: Option<String> = None;
+            match event {
+                Some(JobEvent::Ack(ack)) => {
+                    if let Some(c) = coordinator.as_mut() {
+                        match c.on_ack(ack) {
+                            Ok(done) => {
+                                if let Some(f) = final_checkpoint {
+                                    if !end_sent && done.iter().any(|&d| d >= f) {
+                                        end_sent = true;
+                                        for &s in &sources {
+                                            let _ = deployment.mailboxes[s].send(Mail::EndOfInput);
+                                        }
+                                    }
+                                }
+                            }
+                            Err(e) => failure = Some(e.to_string()),
+                        }
+                    }
+                }
+                Some(JobEvent::Decline {
+                    checkpoint_id,
+                    attempt: a,
+                    reason,
+                }) => {
+                    if let Some(c) = coordinator.as_mut() {
+                        if let Err(e) = c.on_decline(checkpoint_id, a, &reason) {
+                            failure = Some(e.to_string());
+                        }
+                    }
+                }
+                Some(JobEvent::SourceExhausted { attempt: a, task }) if a == attempt => {
+                    if !exhausted[task] {
+                        exhausted[task] = true;
+                        exhausted_count += 1;
+                    }
+                }
+                Some(JobEvent::Exited {
+                    attempt: a, result, ..
+                }) if a == attempt => match result {
+                    Ok(()) => {
+                        exited += 1;
+                        if exited == total {
+                            break AttemptEnd::Finished;
+                        }
+                    }
+                    Err(e) => failure = Some(e.to_string()),
+                },
+                Some(_) | None => {}
+            }
+            if let Some(f) = failure {
+                break AttemptEnd::Failed(f);
+            }
+            if let Some(c) = coordinator.as_mut() {
+                if let Err(e) = c.check_timeouts() {
+                    break AttemptEnd::Failed(e.to_string());
+                }
+                if let Some(f) = final_checkpoint {
+                    // The final checkpoint was aborted: take another one.
+                    let completed = c.completed().last().is_some_and(|x| x.id >= f);
+                    if !completed && c.pending_count() == 0 {
+                        final_checkpoint = None;
+                    }
+                }
+                if exhausted_count == sources.len() && final_checkpoint.is_none() {
+                    final_checkpoint = c.maybe_trigger(true);
+                } else if final_checkpoint.is_none() {
+                    c.maybe_trigger(false);
+                }
+            }
+            if let Some(cb) = &opts.on_progress {
+                if last_progress.elapsed() >= Duration::from_secs(1) {
+                    last_progress = Instant::now();
+                    cb(&progress(
+                        &metrics,
+                        coordinator.as_ref(),
+                        started,
+                        restart_count,
+                    ));
+                }
+            }
+        };
+
+        match end {
+            AttemptEnd::Finished => {
+                deployment.join();
+                let (checkpoints, failed) = coordinator.as_ref().map_or((Vec::new(), 0), |c| {
+                    (c.completed().to_vec(), c.failed_total())
+                });
+                return Ok(JobSummary {
+                    job_id,
+                    job_name: graph.name().to_string(),
+                    elapsed: started.elapsed(),
+                    records: metrics.records.load(Ordering::Relaxed),
+                    checkpoints,
+                    failed_checkpoints: failed,
+                    restarts: restart_count,
+                    injected: injector.as_ref().map(|i| (i.fired(), i.planned())),
+                    restored_from,
+                    started_fresh,
+                });
+            }
+            AttemptEnd::Failed(cause) => {
+                deployment.cancel();
+                // Drain what the cancelled attempt still reported; a more telling cause than
+                // "task cancelled" may be among it.
+                let cause = drain_cause(&events_rx, attempt, cause);
+                warn!("job attempt {attempt} failed: {cause}");
+                if !checkpointing {
+                    return Err(JobError::Failed {
+                        restarts: restart_count,
+                        cause,
+                        reason:
+                            "checkpointing is disabled, so nothing can be restored (at-most-once)"
+                                .into(),
+                    });
+                }
+                match restarts.on_failure(Instant::now()) {
+                    Ok(delay) => {
+                        restart_count += 1;
+                        attempt += 1;
+                        info!("restarting job in {delay:?} (restart {restart_count})");
+                        std::thread::sleep(delay);
+                    }
+                    Err(reason) => {
+                        return Err(JobError::Failed {
+                            restarts: restart_count,
+                            cause,
+                            reason,
+                        })
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn drain_cause(events: &Receiver<JobEvent>, attempt: u32, cause: String) -> String {
+    let mut best = cause;
+    while let Ok(e) = events.try_recv() {
+        if let JobEvent::Exited {
+            attempt: a,
+            result: Err(err),
+            ..
+        } = e
+        {
+            if a == attempt
+                && best.contains("task cancelled")
+                && !matches!(err, TaskError::Cancelled)
+            {
+                best = err.to_string();
+            }
+        }
+    }
+    best
+}
+
+fn progress(
+    metrics: &JobMetrics,
+    c: Option<&CheckpointCoordinator>,
+    started: Instant,
+    restarts: u32,
+) -> Progress {
+    Progress {
+        elapsed: started.elapsed(),
+        records: metrics.records.load(Ordering::Relaxed),
+        checkpoints: c.map_or(0, |c| c.completed().len()),
+        last_checkpoint: c
+            .and_then(|c| c.completed().last())
+            .map(|l| (l.id, l.duration_ms, l.state_size)),
+        restarts,
+    }
+}

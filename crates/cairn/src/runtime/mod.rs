@@ -1,0 +1,14 @@
+//! The embedded runtime: subtasks as single-threaded mailbox loops over operator chains,
+//! channels with credit-based flow control, the input gate that aligns barriers, and the job
+//! master that deploys, checkpoints, and restarts.
+
+pub mod chain;
+pub mod channel;
+pub mod gate;
+pub mod inject;
+pub mod job;
+pub mod operators;
+pub mod restart;
+pub mod task;
+
+pub use job::{run_job, InjectSpec, JobError, JobSummary, Progress, RestoreFrom, RunOptions};

@@ -1,0 +1,277 @@
+//! The built-in operators behind the DataStream API, and the sink interface.
+
+use std::marker::PhantomData;
+
+use crate::api::functions::{
+    CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction,
+};
+use crate::error::TaskResult;
+use crate::state::{Key, KeyedContext, OperatorSnapshot};
+
+use super::chain::{Operator, TwoInputOperator};
+
+/// `map`: one record in, one out.
+pub struct MapOp<F>(pub F);
+
+impl<I, O, F: FnMut(I) -> O + Send + 'static> Operator<I, O> for MapOp<F> {
+    fn process(&mut self, input: &mut Vec<I>, out: &mut Vec<O>) -> TaskResult {
+        out.extend(input.drain(..).map(&mut self.0));
+        Ok(())
+    }
+}
+
+/// `filter`: keeps the records the predicate accepts.
+pub struct FilterOp<F>(pub F);
+
+impl<T, F: FnMut(&T) -> bool + Send + 'static> Operator<T, T> for FilterOp<F> {
+    fn process(&mut self, input: &mut Vec<T>, out: &mut Vec<T>) -> TaskResult {
+        out.extend(input.drain(..).filter(|r| (self.0)(r)));
+        Ok(())
+    }
+}
+
+/// `flat_map`: any number of records out per record in.
+pub struct FlatMapOp<F>(pub F);
+
+impl<I, O, F: FnMut(I, &mut Collector<O>) + Send + 'static> Operator<I, O> for FlatMapOp<F> {
+    fn process(&mut self, input: &mut Vec<I>, out: &mut Vec<O>) -> TaskResult {
+        let mut c = Collector::new(out);
+        for r in input.drain(..) {
+            (self.0)(r, &mut c);
+        }
+        Ok(())
+    }
+}
+
+/// Passes records through (the head of a `union`).
+pub struct IdentityOp;
+
+impl<T: Send + 'static> Operator<T, T> for IdentityOp {
+    fn process(&mut self, input: &mut Vec<T>, out: &mut Vec<T>) -> TaskResult {
+        out.append(input);
+        Ok(())
+    }
+}
+
+/// A keyed process function with its keyed state backend.
+pub struct KeyedProcessOp<K, I, O, KF, F> {
+    uid: String,
+    key_of: KF,
+    f: F,
+    ctx: KeyedContext<K>,
+    _io: PhantomData<fn(I) -> O>,
+}
+
+impl<K: Key, I, O, KF, F> KeyedProcessOp<K, I, O, KF, F>
+where
+    F: KeyedProcessFunction<K, I, O>,
+{
+    /// Opens `f` over a (possibly restored) backend.
+    pub fn new(uid: String, key_of: KF, mut f: F, mut ctx: KeyedContext<K>) -> TaskResult<Self> {
+        f.open(&mut ctx)?;
+        Ok(KeyedProcessOp {
+            uid,
+            key_of,
+            f,
+            ctx,
+            _io: PhantomData,
+        })
+    }
+}
+
+impl<K, I, O, KF, F> Operator<I, O> for KeyedProcessOp<K, I, O, KF, F>
+where
+    K: Key,
+    I: Send + 'static,
+    O: Send + 'static,
+    KF: Fn(&I) -> K + Send + 'static,
+    F: KeyedProcessFunction<K, I, O>,
+{
+    fn process(&mut self, input: &mut Vec<I>, out: &mut Vec<O>) -> TaskResult {
+        let mut c = Collector::new(out);
+        for r in input.drain(..) {
+            self.ctx.set_current_key((self.key_of)(&r));
+            self.f.process(r, &mut self.ctx, &mut c)?;
+        }
+        Ok(())
+    }
+    fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+        Ok(Some(self.ctx.snapshot(&self.uid)))
+    }
+}
+
+/// A keyed co-process function over two keyed inputs.
+pub struct KeyedCoProcessOp<K, I1, I2, O, KF1, KF2, F> {
+    uid: String,
+    key1: KF1,
+    key2: KF2,
+    f: F,
+    ctx: KeyedContext<K>,
+    _io: PhantomData<fn(I1, I2) -> O>,
+}
+
+impl<K: Key, I1, I2, O, KF1, KF2, F> KeyedCoProcessOp<K, I1, I2, O, KF1, KF2, F>
+where
+    F: KeyedCoProcessFunction<K, I1, I2, O>,
+{
+    /// Opens `f` over a (possibly restored) backend.
+    pub fn new(
+        uid: String,
+        key1: KF1,
+        key2: KF2,
+        mut f: F,
+        mut ctx: KeyedContext<K>,
+    ) -> TaskResult<Self> {
+        f.open(&mut ctx)?;
+        Ok(KeyedCoProcessOp {
+            uid,
+            key1,
+            key2,
+            f,
+            ctx,
+            _io: PhantomData,
+        })
+    }
+}
+
+impl<K, I1, I2, O, KF1, KF2, F> TwoInputOperator<I1, I2, O>
+    for KeyedCoProcessOp<K, I1, I2, O, KF1, KF2, F>
+where
+    K: Key,
+    I1: Send + 'static,
+    I2: Send + 'static,
+    O: Send + 'static,
+    KF1: Fn(&I1) -> K + Send + 'static,
+    KF2: Fn(&I2) -> K + Send + 'static,
+    F: KeyedCoProcessFunction<K, I1, I2, O>,
+{
+    fn process1(&mut self, input: &mut Vec<I1>, out: &mut Vec<O>) -> TaskResult {
+        let mut c = Collector::new(out);
+        for r in input.drain(..) {
+            self.ctx.set_current_key((self.key1)(&r));
+            self.f.process1(r, &mut self.ctx, &mut c)?;
+        }
+        Ok(())
+    }
+    fn process2(&mut self, input: &mut Vec<I2>, out: &mut Vec<O>) -> TaskResult {
+        let mut c = Collector::new(out);
+        for r in input.drain(..) {
+            self.ctx.set_current_key((self.key2)(&r));
+            self.f.process2(r, &mut self.ctx, &mut c)?;
+        }
+        Ok(())
+    }
+    fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+        Ok(Some(self.ctx.snapshot(&self.uid)))
+    }
+}
+
+/// A co-process function over two unkeyed inputs.
+pub struct CoProcessOp<F>(pub F);
+
+impl<I1, I2, O, F> TwoInputOperator<I1, I2, O> for CoProcessOp<F>
+where
+    I1: Send + 'static,
+    I2: Send + 'static,
+    O: Send + 'static,
+    F: CoProcessFunction<I1, I2, O>,
+{
+    fn process1(&mut self, input: &mut Vec<I1>, out: &mut Vec<O>) -> TaskResult {
+        let mut c = Collector::new(out);
+        for r in input.drain(..) {
+            self.0.process1(r, &mut c)?;
+        }
+        Ok(())
+    }
+    fn process2(&mut self, input: &mut Vec<I2>, out: &mut Vec<O>) -> TaskResult {
+        let mut c = Collector::new(out);
+        for r in input.drain(..) {
+            self.0.process2(r, &mut c)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a sink adds to the end-to-end guarantee (design R18).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkGuarantee {
+    /// Two-phase commit tied to checkpoints: exactly-once end to end.
+    ExactlyOnce,
+    /// Writes may be repeated after a failure.
+    AtLeastOnce,
+    /// Nothing is promised (print, discard).
+    None,
+}
+
+/// What a sink writer knows about where it runs.
+#[derive(Debug, Clone)]
+pub struct SinkContext {
+    /// Subtask index.
+    pub subtask: u32,
+    /// Sink parallelism.
+    pub parallelism: u32,
+    /// Whether checkpoints run; without them a transactional sink commits at end of input.
+    pub checkpointing: bool,
+}
+
+/// A sink: writes records, and takes part in checkpoints as a two-phase commit participant.
+pub trait Sink<T>: Send + Sync + 'static {
+    /// The guarantee this sink adds.
+    fn guarantee(&self) -> SinkGuarantee;
+    /// Called once per job attempt before any writer exists, with the pre-committed
+    /// transactions of every subtask in the restored checkpoint (None on a fresh start): commit
+    /// them (idempotently) and discard what no checkpoint references.
+    fn initialize(&self, restored: Option<Vec<Vec<u8>>>) -> TaskResult {
+        let _ = restored;
+        Ok(())
+    }
+    /// A writer for one subtask.
+    fn create_writer(&self, ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<T>>>;
+}
+
+/// The writing side of a sink subtask.
+pub trait SinkWriter<T>: Send {
+    /// Writes (drains) a batch into the current transaction.
+    fn write(&mut self, batch: &mut Vec<T>) -> TaskResult;
+    /// Barrier `checkpoint_id`: flush and pre-commit the current transaction; returns every
+    /// pre-committed, not yet committed transaction, to be kept in the checkpoint.
+    fn pre_commit(&mut self, checkpoint_id: u64) -> TaskResult<Vec<Vec<u8>>>;
+    /// Checkpoint `checkpoint_id` completed: commit the transactions pre-committed up to it.
+    fn commit(&mut self, checkpoint_id: u64) -> TaskResult;
+    /// End of input.
+    fn finish(&mut self) -> TaskResult;
+}
+
+/// Name of the operator list state holding a sink's pre-committed transactions.
+pub const SINK_PENDING_STATE: &str = "pending";
+
+/// Runs a [`SinkWriter`] as the last operator of a chain.
+pub struct SinkOp<T> {
+    uid: String,
+    writer: Box<dyn SinkWriter<T>>,
+}
+
+impl<T> SinkOp<T> {
+    /// Wraps a writer.
+    pub fn new(uid: String, writer: Box<dyn SinkWriter<T>>) -> Self {
+        SinkOp { uid, writer }
+    }
+}
+
+impl<T: Send + 'static> Operator<T, ()> for SinkOp<T> {
+    fn process(&mut self, input: &mut Vec<T>, _out: &mut Vec<()>) -> TaskResult {
+        self.writer.write(input)
+    }
+    fn end_input(&mut self, _out: &mut Vec<()>) -> TaskResult {
+        self.writer.finish()
+    }
+    fn snapshot(&mut self, id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+        let pending = self.writer.pre_commit(id)?;
+        Ok(Some(
+            OperatorSnapshot::new(self.uid.clone()).with_list(SINK_PENDING_STATE, pending),
+        ))
+    }
+    fn notify_complete(&mut self, id: u64) -> TaskResult {
+        self.writer.commit(id)
+    }
+}

@@ -1,0 +1,608 @@
+//! State: keyed state (scoped to the current key, partitioned into key groups) held by the heap
+//! state backend, and the snapshot/restore data that checkpoints carry.
+//!
+//! The state layer knows nothing about channels, tasks or checkpoint storage: an operator asks
+//! its [`KeyedContext`] for a snapshot ([`OperatorSnapshot`]) whose synchronous part is a copy of
+//! the tables and whose asynchronous part ([`OperatorSnapshot::finish`]) serializes them per key
+//! group, off the task thread.
+
+pub mod keygroup;
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap as StdHashMap};
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{TaskError, TaskResult};
+use keygroup::{key_group_of_hash, stable_hash, KeyGroupRange};
+
+/// A type usable as a key of keyed state.
+pub trait Key: Hash + Eq + Clone + Serialize + DeserializeOwned + Send + 'static {}
+impl<T: Hash + Eq + Clone + Serialize + DeserializeOwned + Send + 'static> Key for T {}
+
+/// A type storable in state.
+pub trait StateValue: Clone + Serialize + DeserializeOwned + Send + 'static {}
+impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> StateValue for T {}
+
+/// One keyed state table as persisted: its entries serialized per key group.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct KeyedTableData {
+    /// The name the state was registered with.
+    pub name: String,
+    /// `(key group, postcard bytes of Vec<(K, S)>)`, ascending by key group.
+    pub groups: Vec<(u32, Vec<u8>)>,
+}
+
+/// All state of one operator of one subtask, as persisted in a checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OperatorStateData {
+    /// Stable uid of the operator.
+    pub uid: String,
+    /// Keyed state tables.
+    pub keyed: Vec<KeyedTableData>,
+    /// Operator list states: name → entries (source splits, pending sink transactions, ...).
+    pub operator: Vec<(String, Vec<Vec<u8>>)>,
+}
+
+type DeferredTable = Box<dyn FnOnce() -> TaskResult<KeyedTableData> + Send>;
+
+/// The synchronous part of an operator's snapshot; [`OperatorSnapshot::finish`] is the
+/// asynchronous part and runs off the task thread.
+pub struct OperatorSnapshot {
+    uid: String,
+    operator: Vec<(String, Vec<Vec<u8>>)>,
+    keyed: Vec<DeferredTable>,
+}
+
+impl OperatorSnapshot {
+    /// An empty snapshot of the operator `uid`.
+    pub fn new(uid: impl Into<String>) -> Self {
+        OperatorSnapshot {
+            uid: uid.into(),
+            operator: Vec::new(),
+            keyed: Vec::new(),
+        }
+    }
+
+    /// Adds an operator list state.
+    pub fn with_list(mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) -> Self {
+        self.operator.push((name.into(), entries));
+        self
+    }
+
+    /// Whether the snapshot holds nothing (stateless operator).
+    pub fn is_empty(&self) -> bool {
+        self.operator.is_empty() && self.keyed.is_empty()
+    }
+
+    /// Runs the asynchronous part: serializes the copied tables.
+    pub fn finish(self) -> TaskResult<OperatorStateData> {
+        let mut keyed = Vec::with_capacity(self.keyed.len());
+        for t in self.keyed {
+            keyed.push(t()?);
+        }
+        Ok(OperatorStateData {
+            uid: self.uid,
+            keyed,
+            operator: self.operator,
+        })
+    }
+}
+
+/// State an operator subtask gets back on restore: only its own key groups, and the operator
+/// list states assigned to it.
+#[derive(Debug, Clone, Default)]
+pub struct RestoredState {
+    /// Keyed tables by name: `(key group, bytes)`, only key groups in this subtask's range.
+    pub keyed: StdHashMap<String, Vec<(u32, Vec<u8>)>>,
+    /// Operator list states by name.
+    pub operator: StdHashMap<String, Vec<Vec<u8>>>,
+}
+
+impl RestoredState {
+    /// Takes an operator list state out (empty if none was restored).
+    pub fn take_list(&mut self, name: &str) -> Vec<Vec<u8>> {
+        self.operator.remove(name).unwrap_or_default()
+    }
+}
+
+trait ErasedTable<K>: Send {
+    fn name(&self) -> &str;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn snapshot(&self, max_parallelism: u32) -> DeferredTable;
+    fn len(&self) -> usize;
+}
+
+struct Table<K, S> {
+    name: String,
+    map: HashMap<K, S>,
+}
+
+impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+    fn snapshot(&self, max_parallelism: u32) -> DeferredTable {
+        // Synchronous part: a copy, so that the task keeps mutating its tables meanwhile.
+        let copy = self.map.clone();
+        let name = self.name.clone();
+        Box::new(move || {
+            let mut groups: BTreeMap<u32, Vec<(&K, &S)>> = BTreeMap::new();
+            for (k, v) in &copy {
+                let kg = key_group_of_hash(stable_hash(k), max_parallelism);
+                groups.entry(kg).or_default().push((k, v));
+            }
+            let mut out = Vec::with_capacity(groups.len());
+            for (kg, entries) in groups {
+                let bytes = postcard::to_stdvec(&entries).map_err(|e| {
+                    TaskError::msg(format!("cannot serialize keyed state '{name}': {e}"))
+                })?;
+                out.push((kg, bytes));
+            }
+            Ok(KeyedTableData { name, groups: out })
+        })
+    }
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// The keyed state of one operator subtask (heap state backend) and the key of the record
+/// being processed. User functions receive it to read and write their registered states.
+pub struct KeyedContext<K> {
+    current: Option<K>,
+    tables: Vec<Box<dyn ErasedTable<K>>>,
+    restored: StdHashMap<String, Vec<(u32, Vec<u8>)>>,
+    range: KeyGroupRange,
+    max_parallelism: u32,
+    subtask: u32,
+    parallelism: u32,
+}
+
+impl<K: Key> KeyedContext<K> {
+    /// A backend for one subtask, holding the restored (not yet registered) tables.
+    pub fn new(
+        subtask: u32,
+        parallelism: u32,
+        max_parallelism: u32,
+        restored: StdHashMap<String, Vec<(u32, Vec<u8>)>>,
+    ) -> Self {
+        KeyedContext {
+            current: None,
+            tables: Vec::new(),
+            restored,
+            range: KeyGroupRange::for_subtask(max_parallelism, parallelism, subtask),
+            max_parallelism,
+            subtask,
+            parallelism,
+        }
+    }
+
+    /// The key of the record being processed.
+    pub fn current_key(&self) -> Option<&K> {
+        self.current.as_ref()
+    }
+
+    /// Sets the key subsequent state accesses are scoped to.
+    pub fn set_current_key(&mut self, key: K) {
+        self.current = Some(key);
+    }
+
+    /// This subtask's index.
+    pub fn subtask(&self) -> u32 {
+        self.subtask
+    }
+
+    /// The operator's parallelism.
+    pub fn parallelism(&self) -> u32 {
+        self.parallelism
+    }
+
+    /// The key groups this subtask owns.
+    pub fn key_group_range(&self) -> KeyGroupRange {
+        self.range
+    }
+
+    /// Number of keys in all tables (for statistics and tests).
+    pub fn entries(&self) -> usize {
+        self.tables.iter().map(|t| t.len()).sum()
+    }
+
+    fn register<S: StateValue>(&mut self, name: &str) -> TaskResult<usize> {
+        if let Some(idx) = self.tables.iter().position(|t| t.name() == name) {
+            if self.tables[idx].as_any().is::<Table<K, S>>() {
+                return Ok(idx);
+            }
+            return Err(TaskError::msg(format!(
+                "state '{name}' is already registered with another kind or type"
+            )));
+        }
+        let mut map: HashMap<K, S> = HashMap::new();
+        if let Some(groups) = self.restored.remove(name) {
+            for (kg, bytes) in groups {
+                if !self.range.contains(kg) {
+                    continue;
+                }
+                let entries: Vec<(K, S)> = postcard::from_bytes(&bytes).map_err(|e| {
+                    TaskError::msg(format!(
+                        "cannot restore state '{name}' (key group {kg}): {e}; was its type changed?"
+                    ))
+                })?;
+                map.extend(entries);
+            }
+        }
+        self.tables.push(Box::new(Table {
+            name: name.to_string(),
+            map,
+        }));
+        Ok(self.tables.len() - 1)
+    }
+
+    fn table<S: StateValue>(&self, idx: usize) -> TaskResult<&HashMap<K, S>> {
+        self.tables
+            .get(idx)
+            .and_then(|t| t.as_any().downcast_ref::<Table<K, S>>())
+            .map(|t| &t.map)
+            .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))
+    }
+
+    fn table_and_key<S: StateValue>(&mut self, idx: usize) -> TaskResult<(&mut HashMap<K, S>, &K)> {
+        let key = self
+            .current
+            .as_ref()
+            .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
+        self.tables
+            .get_mut(idx)
+            .and_then(|t| t.as_any_mut().downcast_mut::<Table<K, S>>())
+            .map(|t| (&mut t.map, key))
+            .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))
+    }
+
+    fn get<S: StateValue>(&self, idx: usize) -> TaskResult<Option<&S>> {
+        let key = self
+            .current
+            .as_ref()
+            .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
+        Ok(self.table::<S>(idx)?.get(key))
+    }
+
+    fn put<S: StateValue>(&mut self, idx: usize, value: S) -> TaskResult {
+        let (map, key) = self.table_and_key::<S>(idx)?;
+        match map.get_mut(key) {
+            Some(slot) => *slot = value,
+            None => {
+                map.insert(key.clone(), value);
+            }
+        }
+        Ok(())
+    }
+
+    fn get_or_insert<S: StateValue>(
+        &mut self,
+        idx: usize,
+        default: impl FnOnce() -> S,
+    ) -> TaskResult<&mut S> {
+        let (map, key) = self.table_and_key::<S>(idx)?;
+        if !map.contains_key(key) {
+            map.insert(key.clone(), default());
+        }
+        map.get_mut(key)
+            .ok_or_else(|| TaskError::msg("keyed state entry vanished"))
+    }
+
+    fn remove<S: StateValue>(&mut self, idx: usize) -> TaskResult {
+        let (map, key) = self.table_and_key::<S>(idx)?;
+        map.remove(key);
+        Ok(())
+    }
+
+    /// Registers (or looks up) a [`ValueState`] named `name`.
+    pub fn value_state<V: StateValue>(&mut self, name: &str) -> TaskResult<ValueState<V>> {
+        Ok(ValueState {
+            idx: self.register::<V>(name)?,
+            _v: PhantomData,
+        })
+    }
+
+    /// Registers (or looks up) a [`ListState`] named `name`.
+    pub fn list_state<V: StateValue>(&mut self, name: &str) -> TaskResult<ListState<V>> {
+        Ok(ListState {
+            idx: self.register::<Vec<V>>(name)?,
+            _v: PhantomData,
+        })
+    }
+
+    /// Registers (or looks up) a [`MapState`] named `name`.
+    pub fn map_state<UK: Key, UV: StateValue>(
+        &mut self,
+        name: &str,
+    ) -> TaskResult<MapState<UK, UV>> {
+        Ok(MapState {
+            idx: self.register::<HashMap<UK, UV>>(name)?,
+            _v: PhantomData,
+        })
+    }
+
+    /// Registers (or looks up) a [`ReducingState`] named `name` that folds added values with `reduce`.
+    pub fn reducing_state<V: StateValue>(
+        &mut self,
+        name: &str,
+        reduce: impl Fn(&V, &V) -> V + Send + Sync + 'static,
+    ) -> TaskResult<ReducingState<V>> {
+        Ok(ReducingState {
+            idx: self.register::<V>(name)?,
+            reduce: Arc::new(reduce),
+        })
+    }
+
+    /// The synchronous part of a snapshot of every registered table, plus restored tables that
+    /// were never registered in this run (they are carried over unchanged, not dropped).
+    pub fn snapshot(&self, uid: &str) -> OperatorSnapshot {
+        let mut snap = OperatorSnapshot::new(uid);
+        for t in &self.tables {
+            snap.keyed.push(t.snapshot(self.max_parallelism));
+        }
+        for (name, groups) in &self.restored {
+            let data = KeyedTableData {
+                name: name.clone(),
+                groups: groups.clone(),
+            };
+            snap.keyed.push(Box::new(move || Ok(data)));
+        }
+        snap
+    }
+}
+
+/// A single value per key.
+pub struct ValueState<V> {
+    idx: usize,
+    _v: PhantomData<fn() -> V>,
+}
+
+impl<V> Clone for ValueState<V> {
+    fn clone(&self) -> Self {
+        ValueState {
+            idx: self.idx,
+            _v: PhantomData,
+        }
+    }
+}
+
+impl<V: StateValue> ValueState<V> {
+    /// The current key's value.
+    pub fn value<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<Option<&'a V>> {
+        ctx.get::<V>(self.idx)
+    }
+    /// Sets the current key's value.
+    pub fn update<K: Key>(&self, ctx: &mut KeyedContext<K>, value: V) -> TaskResult {
+        ctx.put(self.idx, value)
+    }
+    /// The current key's value, inserting `default()` first if there is none.
+    pub fn get_mut<'a, K: Key>(
+        &self,
+        ctx: &'a mut KeyedContext<K>,
+        default: impl FnOnce() -> V,
+    ) -> TaskResult<&'a mut V> {
+        ctx.get_or_insert(self.idx, default)
+    }
+    /// Removes the current key's value.
+    pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
+        ctx.remove::<V>(self.idx)
+    }
+}
+
+/// A list of values per key.
+pub struct ListState<V> {
+    idx: usize,
+    _v: PhantomData<fn() -> V>,
+}
+
+impl<V: StateValue> ListState<V> {
+    /// The current key's list (empty if none).
+    pub fn get<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<&'a [V]> {
+        Ok(ctx
+            .get::<Vec<V>>(self.idx)?
+            .map(|v| v.as_slice())
+            .unwrap_or(&[]))
+    }
+    /// Appends to the current key's list.
+    pub fn add<K: Key>(&self, ctx: &mut KeyedContext<K>, value: V) -> TaskResult {
+        ctx.get_or_insert::<Vec<V>>(self.idx, Vec::new)?.push(value);
+        Ok(())
+    }
+    /// Replaces the current key's list.
+    pub fn update<K: Key>(&self, ctx: &mut KeyedContext<K>, values: Vec<V>) -> TaskResult {
+        ctx.put(self.idx, values)
+    }
+    /// Removes the current key's list.
+    pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
+        ctx.remove::<Vec<V>>(self.idx)
+    }
+}
+
+/// A map per key.
+pub struct MapState<UK, UV> {
+    idx: usize,
+    _v: PhantomData<fn() -> (UK, UV)>,
+}
+
+impl<UK: Key, UV: StateValue> MapState<UK, UV> {
+    /// The value under `user_key` in the current key's map.
+    pub fn get<'a, K: Key>(
+        &self,
+        ctx: &'a KeyedContext<K>,
+        user_key: &UK,
+    ) -> TaskResult<Option<&'a UV>> {
+        Ok(ctx
+            .get::<HashMap<UK, UV>>(self.idx)?
+            .and_then(|m| m.get(user_key)))
+    }
+    /// Puts `user_key → value` into the current key's map.
+    pub fn put<K: Key>(&self, ctx: &mut KeyedContext<K>, user_key: UK, value: UV) -> TaskResult {
+        ctx.get_or_insert::<HashMap<UK, UV>>(self.idx, HashMap::new)?
+            .insert(user_key, value);
+        Ok(())
+    }
+    /// Removes `user_key` from the current key's map.
+    pub fn remove<K: Key>(&self, ctx: &mut KeyedContext<K>, user_key: &UK) -> TaskResult {
+        let (map, key) = ctx.table_and_key::<HashMap<UK, UV>>(self.idx)?;
+        if let Some(m) = map.get_mut(key) {
+            m.remove(user_key);
+        }
+        Ok(())
+    }
+    /// All entries of the current key's map, in no particular order.
+    pub fn entries<'a, K: Key>(
+        &self,
+        ctx: &'a KeyedContext<K>,
+    ) -> TaskResult<Vec<(&'a UK, &'a UV)>> {
+        Ok(ctx
+            .get::<HashMap<UK, UV>>(self.idx)?
+            .map(|m| m.iter().collect())
+            .unwrap_or_default())
+    }
+    /// Removes the current key's whole map.
+    pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
+        ctx.remove::<HashMap<UK, UV>>(self.idx)
+    }
+}
+
+/// A value per key that added values are folded into.
+pub struct ReducingState<V> {
+    idx: usize,
+    reduce: Arc<dyn Fn(&V, &V) -> V + Send + Sync>,
+}
+
+impl<V: StateValue> ReducingState<V> {
+    /// The current key's reduced value.
+    pub fn get<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<Option<&'a V>> {
+        ctx.get::<V>(self.idx)
+    }
+    /// Folds `value` into the current key's value; returns the new value.
+    pub fn add<K: Key>(&self, ctx: &mut KeyedContext<K>, value: V) -> TaskResult<V> {
+        let (map, key) = ctx.table_and_key::<V>(self.idx)?;
+        match map.get_mut(key) {
+            Some(slot) => {
+                *slot = (self.reduce)(slot, &value);
+                Ok(slot.clone())
+            }
+            None => {
+                map.insert(key.clone(), value.clone());
+                Ok(value)
+            }
+        }
+    }
+    /// Removes the current key's value.
+    pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
+        ctx.remove::<V>(self.idx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn restored_from(snap: OperatorSnapshot) -> StdHashMap<String, Vec<(u32, Vec<u8>)>> {
+        let data = snap.finish().unwrap();
+        data.keyed.into_iter().map(|t| (t.name, t.groups)).collect()
+    }
+
+    #[test]
+    fn all_state_kinds_round_trip_through_a_snapshot() {
+        let mut ctx: KeyedContext<String> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state::<u64>("v").unwrap();
+        let l = ctx.list_state::<String>("l").unwrap();
+        let m = ctx.map_state::<u32, i64>("m").unwrap();
+        let r = ctx.reducing_state::<u64>("r", |a, b| a + b).unwrap();
+        for i in 0..100u64 {
+            ctx.set_current_key(format!("k{}", i % 10));
+            v.update(&mut ctx, i).unwrap();
+            l.add(&mut ctx, format!("x{i}")).unwrap();
+            m.put(&mut ctx, (i % 3) as u32, i as i64).unwrap();
+            r.add(&mut ctx, i).unwrap();
+        }
+        let snap = ctx.snapshot("op");
+        // Mutations after the synchronous part must not leak into the snapshot.
+        ctx.set_current_key("k0".into());
+        v.update(&mut ctx, 999).unwrap();
+
+        let mut back: KeyedContext<String> = KeyedContext::new(0, 1, 128, restored_from(snap));
+        let v2 = back.value_state::<u64>("v").unwrap();
+        let l2 = back.list_state::<String>("l").unwrap();
+        let m2 = back.map_state::<u32, i64>("m").unwrap();
+        let r2 = back.reducing_state::<u64>("r", |a, b| a + b).unwrap();
+        back.set_current_key("k0".into());
+        assert_eq!(v2.value(&back).unwrap(), Some(&90));
+        assert_eq!(l2.get(&back).unwrap().len(), 10);
+        assert_eq!(m2.get(&back, &0).unwrap(), Some(&90));
+        assert_eq!(
+            r2.get(&back).unwrap(),
+            Some(&(0..100).step_by(10).sum::<u64>())
+        );
+        assert_eq!(back.entries(), 40);
+    }
+
+    #[test]
+    fn rescaling_keeps_each_key_in_exactly_one_subtask() {
+        let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state::<u64>("v").unwrap();
+        for k in 0..1000u64 {
+            ctx.set_current_key(k);
+            v.update(&mut ctx, k * 2).unwrap();
+        }
+        let restored = restored_from(ctx.snapshot("op"));
+        let mut total = 0;
+        for i in 0..3 {
+            let mut part: KeyedContext<u64> = KeyedContext::new(i, 3, 128, restored.clone());
+            let v = part.value_state::<u64>("v").unwrap();
+            for k in 0..1000u64 {
+                part.set_current_key(k);
+                if let Some(x) = v.value(&part).unwrap() {
+                    assert_eq!(*x, k * 2);
+                    total += 1;
+                }
+            }
+        }
+        assert_eq!(total, 1000);
+    }
+
+    #[test]
+    fn a_type_change_is_an_error_not_garbage() {
+        let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state::<String>("v").unwrap();
+        ctx.set_current_key(1);
+        v.update(&mut ctx, "a fairly long string value".into())
+            .unwrap();
+        assert!(ctx.value_state::<u64>("v").is_err());
+        let mut back: KeyedContext<u64> =
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+        assert!(back.map_state::<u64, u64>("v").is_err() || back.entries() == 1);
+    }
+
+    #[test]
+    fn unregistered_restored_state_is_carried_over() {
+        let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state::<u64>("old").unwrap();
+        ctx.set_current_key(5);
+        v.update(&mut ctx, 7).unwrap();
+        let back: KeyedContext<u64> =
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+        let mut again: KeyedContext<u64> =
+            KeyedContext::new(0, 1, 128, restored_from(back.snapshot("op")));
+        let v = again.value_state::<u64>("old").unwrap();
+        again.set_current_key(5);
+        assert_eq!(v.value(&again).unwrap(), Some(&7));
+    }
+}
