@@ -17,8 +17,14 @@ pub struct CheckpointsArgs {
 }
 
 pub fn run(args: CheckpointsArgs) -> Result<()> {
-    if !args.dir.is_dir() {
+    if !args.dir.exists() {
         bail!("checkpoint directory {} does not exist", args.dir.display());
+    }
+    if !args.dir.is_dir() {
+        bail!(
+            "checkpoint directory {} is not a directory",
+            args.dir.display()
+        );
     }
     let entries = std::fs::read_dir(&args.dir).map_err(|e| {
         anyhow::anyhow!(

@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a built-in job in this process (embedded mode).
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// List the checkpoints retained in a checkpoint directory.
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Measure throughput of wordcount under several checkpoint settings, in one run.
@@ -49,19 +49,34 @@ fn init_logging(filter: Option<&str>) {
         .init();
 }
 
+/// The error and its causes on one line; a cause already spelled out by the message before it
+/// (many library errors print their source) is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            if !msg.is_empty() {
+                msg.push_str(": ");
+            }
+            msg.push_str(&text);
+        }
+    }
+    msg.replace('\n', " ")
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log.as_deref());
     let result = match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Checkpoints(args) => checkpoints::run(args),
         Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("error: {msg}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }

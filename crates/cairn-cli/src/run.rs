@@ -26,8 +26,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     generate: Option<u64>,
     /// Number of distinct generated words (K).
-    #[arg(long, value_name = "K", default_value_t = 1000, requires = "generate")]
-    keys: u64,
+    #[arg(long, value_name = "K", requires = "generate")]
+    keys: Option<u64>,
     /// Output directory for the exactly-once file sink (committed files never start with '.' or '_').
     #[arg(long, value_name = "DIR", conflicts_with = "discard")]
     output: Option<PathBuf>,
@@ -76,6 +76,7 @@ fn build_config(args: &RunArgs) -> Result<JobConfig> {
     for d in &args.define {
         let (k, v) = d
             .split_once('=')
+            .filter(|(k, _)| !k.trim().is_empty())
             .ok_or_else(|| anyhow!("-D expects KEY=VALUE, got '{d}'"))?;
         pairs.push((k.trim().to_string(), v.trim().to_string()));
     }
@@ -203,13 +204,11 @@ pub fn run(args: RunArgs) -> Result<()> {
             WordInput::File(path.clone())
         }
         (None, Some(count)) => {
-            if args.keys == 0 {
+            let keys = args.keys.unwrap_or(1000);
+            if keys == 0 {
                 bail!("--keys must be at least 1");
             }
-            WordInput::Generate {
-                count,
-                keys: args.keys,
-            }
+            WordInput::Generate { count, keys }
         }
         _ => bail!("wordcount needs --input FILE or --generate N"),
     };
@@ -221,6 +220,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let restore = match args.from.as_deref() {
         None => None,
         Some("latest") => Some(RestoreFrom::Latest),
+        Some("") => bail!("--from needs a checkpoint path or 'latest'"),
         Some(p) => Some(RestoreFrom::Path(PathBuf::from(p))),
     };
     let expected_records = match &input {

@@ -546,8 +546,10 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     }
 }
 
+type ReduceFnArc<T> = Arc<dyn Fn(&T, &T) -> T + Send + Sync>;
+
 struct ReduceFn<T> {
-    f: Arc<dyn Fn(&T, &T) -> T + Send + Sync>,
+    f: ReduceFnArc<T>,
     state: Option<crate::state::ValueState<T>>,
 }
 

@@ -181,9 +181,13 @@ impl CheckpointCoordinator {
         self.pending.len()
     }
 
+    /// Whether another checkpoint may start now (fewer than max-concurrent in flight).
+    pub fn has_room(&self) -> bool {
+        self.pending.len() < self.settings.max_concurrent as usize
+    }
+
     /// When the next periodic trigger is due.
-    pub fn next_trigger_at(&self) -> Instant {
-        let now = Instant::now();
+    pub fn next_trigger_at(&self, now: Instant) -> Instant {
         let by_interval = self
             .last_trigger
             .map_or(now, |t| t + self.settings.interval);
@@ -200,7 +204,7 @@ impl CheckpointCoordinator {
             return None;
         }
         let now = Instant::now();
-        if !force && now < self.next_trigger_at() {
+        if !force && now < self.next_trigger_at(now) {
             return None;
         }
         let id = self.next_id;

@@ -195,12 +195,13 @@ pub fn find_latest(storage: &dyn CheckpointStorage) -> Result<Option<LoadedCheck
             if !storage.exists(&metadata_path(&job, id)).unwrap_or(false) {
                 continue;
             }
-            // Order by completion time; a metadata file that does not even decode sorts by id.
+            // Order by completion time. A metadata file that does not decode is tried first, so
+            // that skipping it is reported rather than silently passed over.
             let ts = storage
                 .read(&metadata_path(&job, id))
                 .ok()
                 .and_then(|b| decode::<CheckpointMetadata>(FileKind::Metadata, &b).ok())
-                .map_or(0, |m| m.completed_timestamp_ms);
+                .map_or(u64::MAX, |m| m.completed_timestamp_ms);
             candidates.push((ts, id, job.clone()));
         }
     }

@@ -1,8 +1,8 @@
 //! Deliberate failures (`--inject-failures N --seed S`): N failures at records chosen from the
 //! seed, in tasks chosen from the seed. Each fires once per job run, whatever the number of
-//! restarts, so the run exercises recovery exactly N times.
+//! restarts, and at most one fires per attempt, so the run exercises recovery exactly N times.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crate::error::{TaskError, TaskResult};
 
@@ -16,6 +16,8 @@ struct Planned {
 pub struct FailureInjector {
     planned: Vec<Planned>,
     counters: Vec<AtomicU64>,
+    /// Attempt number + 1 of the attempt that already had its failure (0: none yet).
+    failed_attempt: AtomicU32,
 }
 
 impl FailureInjector {
@@ -34,14 +36,18 @@ impl FailureInjector {
         FailureInjector {
             planned,
             counters: (0..vertices).map(|_| AtomicU64::new(0)).collect(),
+            failed_attempt: AtomicU32::new(0),
         }
     }
 
     /// Counts `records` more records of `vertex`; fails if a planned failure falls among them.
-    pub fn check(&self, vertex: usize, uid: &str, records: usize) -> TaskResult {
+    pub fn check(&self, attempt: u32, vertex: usize, uid: &str, records: usize) -> TaskResult {
         let Some(counter) = self.counters.get(vertex) else {
             return Ok(());
         };
+        if self.failed_attempt.load(Ordering::Acquire) == attempt + 1 {
+            return Ok(());
+        }
         let after = counter.fetch_add(records as u64, Ordering::Relaxed) + records as u64;
         for (index, p) in self.planned.iter().enumerate() {
             // `<= after`, not a window: two failures planned within one batch fire in turn.
@@ -51,6 +57,7 @@ impl FailureInjector {
                     .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
+                self.failed_attempt.store(attempt + 1, Ordering::Release);
                 return Err(TaskError::Injected {
                     index: index + 1,
                     record: p.record,
@@ -83,10 +90,10 @@ mod tests {
     fn each_planned_failure_fires_once() {
         let inj = FailureInjector::new(5, 42, 2, 1000);
         let mut failures = 0;
-        for _ in 0..3 {
+        for attempt in 0..10 {
             for v in 0..2 {
                 for _ in 0..100 {
-                    if inj.check(v, "op", 10).is_err() {
+                    if inj.check(attempt, v, "op", 10).is_err() {
                         failures += 1;
                     }
                 }

@@ -47,6 +47,9 @@ pub struct InjectSpec {
     pub expected_records: u64,
 }
 
+/// A callback receiving progress.
+pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
+
 /// How to run a job.
 #[derive(Clone, Default)]
 pub struct RunOptions {
@@ -57,7 +60,7 @@ pub struct RunOptions {
     /// Failures to inject.
     pub inject: Option<InjectSpec>,
     /// Called about once a second with the progress so far.
-    pub on_progress: Option<Arc<dyn Fn(&Progress) + Send + Sync>>,
+    pub on_progress: Option<ProgressFn>,
     /// Shared counters (created if None).
     pub metrics: Option<Arc<JobMetrics>>,
 }
@@ -173,6 +176,7 @@ fn plan(graph: &JobGraph, config: &JobConfig) -> Result<Plan, JobError> {
     };
     let mut node_vertex = vec![usize::MAX; n];
     let mut vertices: Vec<Vertex> = Vec::new();
+    #[allow(clippy::needless_range_loop)]
     for id in 0..n {
         if chained_to(id).is_some() {
             continue;
@@ -649,8 +653,9 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
             let now = Instant::now();
             let mut wake = now + Duration::from_millis(200);
             if let Some(c) = &coordinator {
-                if final_checkpoint.is_none() {
-                    wake = wake.min(c.next_trigger_at());
+                // With max-concurrent checkpoints in flight, the next ack wakes the loop.
+                if final_checkpoint.is_none() && c.has_room() {
+                    wake = wake.min(c.next_trigger_at(now));
                 }
                 if let Some(t) = c.next_timeout_at() {
                     wake = wake.min(t);

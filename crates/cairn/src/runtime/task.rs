@@ -159,7 +159,7 @@ impl TaskRuntime {
 
     fn inject(&self, records: usize) -> TaskResult {
         match &self.injector {
-            Some(i) => i.check(self.vertex, &self.head_uid, records),
+            Some(i) => i.check(self.attempt, self.vertex, &self.head_uid, records),
             None => Ok(()),
         }
     }

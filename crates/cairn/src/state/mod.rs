@@ -479,10 +479,12 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
     }
 }
 
+type ReduceArc<V> = Arc<dyn Fn(&V, &V) -> V + Send + Sync>;
+
 /// A value per key that added values are folded into.
 pub struct ReducingState<V> {
     idx: usize,
-    reduce: Arc<dyn Fn(&V, &V) -> V + Send + Sync>,
+    reduce: ReduceArc<V>,
 }
 
 impl<V: StateValue> ReducingState<V> {

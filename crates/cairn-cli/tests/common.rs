@@ -1,0 +1,111 @@
+//! Shared helpers of the end-to-end tests: running the `cairn` binary and checking the
+//! exactly-once property of wordcount's committed output (design.md §3).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+pub fn cairn() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+}
+
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("cairn starts");
+    assert!(
+        out.status.success(),
+        "cairn failed ({:?}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// How often each word occurs in `--generate count --keys keys`.
+pub fn generated_counts(count: u64, keys: u64) -> HashMap<String, u64> {
+    let mut m = HashMap::new();
+    for i in 0..count {
+        *m.entry(format!("w{}", (i * 7919) % keys)).or_insert(0) += 1;
+    }
+    m
+}
+
+/// Every `WORD<TAB>COUNT` line of the committed files (names not starting with '.' or '_').
+pub fn committed_lines(dir: &Path) -> HashMap<String, Vec<u64>> {
+    let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
+    for e in std::fs::read_dir(dir).expect("output dir exists") {
+        let e = e.expect("dir entry");
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || name.starts_with('_') {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).expect("committed file is UTF-8");
+        for line in text.lines() {
+            let (w, c) = line
+                .split_once('\t')
+                .unwrap_or_else(|| panic!("bad line {line:?} in {name}"));
+            seen.entry(w.to_string())
+                .or_default()
+                .push(c.parse().expect("count"));
+        }
+    }
+    seen
+}
+
+/// Summary of a check: total duplicates and losses.
+#[derive(Debug, Default)]
+pub struct Check {
+    pub duplicates: u64,
+    pub missing: u64,
+}
+
+/// Compares committed output with the expected word counts.
+pub fn check_output(dir: &Path, expected: &HashMap<String, u64>) -> Check {
+    let mut seen = committed_lines(dir);
+    let mut check = Check::default();
+    for (w, &n) in expected {
+        let mut counts = seen.remove(w).unwrap_or_default();
+        counts.sort_unstable();
+        let mut present = vec![0u64; n as usize + 1];
+        for c in counts {
+            assert!(c >= 1 && c <= n, "word {w}: count {c} outside 1..={n}");
+            present[c as usize] += 1;
+        }
+        for &times in &present[1..] {
+            match times {
+                0 => check.missing += 1,
+                1 => {}
+                more => check.duplicates += more - 1,
+            }
+        }
+    }
+    assert!(
+        seen.is_empty(),
+        "unexpected words in output: {:?}",
+        seen.keys().take(5).collect::<Vec<_>>()
+    );
+    check
+}
+
+/// Asserts exactly-once: every word's counts 1..n, each exactly once.
+pub fn assert_exactly_once(dir: &Path, expected: &HashMap<String, u64>) {
+    let c = check_output(dir, expected);
+    assert_eq!(
+        (c.duplicates, c.missing),
+        (0, 0),
+        "exactly-once violated in {}",
+        dir.display()
+    );
+}
+
+/// No hidden (uncommitted) files left behind by a finished job.
+pub fn assert_no_leftovers(dir: &Path) {
+    for e in std::fs::read_dir(dir).expect("output dir exists") {
+        let name = e.expect("entry").file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with(".part-"),
+            "uncommitted file left behind: {name}"
+        );
+    }
+}

@@ -1,0 +1,210 @@
+//! Exactly-once end to end: wordcount at parallelism 4 with injected failures, and as a child
+//! process killed with SIGKILL at random moments and resumed with `--from latest`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const RESTART_FAST: [&str; 6] = [
+    "-D",
+    "restart-strategy.type=fixed-delay",
+    "-D",
+    "restart-strategy.fixed-delay.attempts=1000",
+    "-D",
+    "restart-strategy.fixed-delay.delay=0ms",
+];
+
+#[test]
+fn injected_failures_at_parallelism_4_keep_exactly_once() {
+    let (count, keys) = (400_000u64, 5_000u64);
+    let expected = generated_counts(count, keys);
+    for seed in [1u64, 7, 42] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out_dir = tmp.path().join("out");
+        let out = run_ok(
+            cairn()
+                .args(["run", "wordcount", "--parallelism", "4"])
+                .args([
+                    "--generate",
+                    &count.to_string(),
+                    "--keys",
+                    &keys.to_string(),
+                ])
+                .arg("--output")
+                .arg(&out_dir)
+                .arg("--checkpoint-dir")
+                .arg(tmp.path().join("ck"))
+                .args(["--checkpoint-interval", "20ms"])
+                .args(["--inject-failures", "4", "--seed", &seed.to_string()])
+                .args(RESTART_FAST),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("4/4 injected failures"),
+            "seed {seed}: {stderr}"
+        );
+        assert!(stderr.contains(", 4 restarts"), "seed {seed}: {stderr}");
+        assert_exactly_once(&out_dir, &expected);
+        assert_no_leftovers(&out_dir);
+    }
+}
+
+#[test]
+fn injected_failures_from_a_file_input_keep_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.txt");
+    let mut text = String::new();
+    let mut expected = std::collections::HashMap::new();
+    for i in 0..60_000u64 {
+        let w = format!("word{}", (i * 31) % 977);
+        *expected.entry(w.clone()).or_insert(0u64) += 1;
+        text.push_str(&w);
+        text.push(if i % 7 == 6 { '\n' } else { ' ' });
+    }
+    std::fs::write(&input, text).unwrap();
+    let out_dir = tmp.path().join("out");
+    let out = run_ok(
+        cairn()
+            .args(["run", "wordcount", "-p", "4", "--input"])
+            .arg(&input)
+            .arg("--output")
+            .arg(&out_dir)
+            .args(["--checkpoint-interval", "10ms"])
+            .args(["--inject-failures", "3", "--seed", "5"])
+            .args(RESTART_FAST),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(", 3 restarts"), "{stderr}");
+    assert_exactly_once(&out_dir, &expected);
+}
+
+#[test]
+fn without_a_restart_strategy_budget_the_job_fails_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = cairn()
+        .args([
+            "run",
+            "wordcount",
+            "-p",
+            "2",
+            "--generate",
+            "200000",
+            "--keys",
+            "100",
+        ])
+        .arg("--output")
+        .arg(tmp.path().join("out"))
+        .args([
+            "--checkpoint-interval",
+            "20ms",
+            "--inject-failures",
+            "2",
+            "--seed",
+            "3",
+        ])
+        .args([
+            "-D",
+            "restart-strategy.type=fixed-delay",
+            "-D",
+            "restart-strategy.fixed-delay.attempts=1",
+        ])
+        .args(["-D", "restart-strategy.fixed-delay.delay=0ms"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: job failed after 1 restart(s)"),
+        "{stderr}"
+    );
+    assert!(last.contains("injected failure"), "{stderr}");
+}
+
+/// Kills the job with SIGKILL at random moments, resumes it with `--from latest` each time,
+/// and checks the committed output of the whole sequence.
+fn kill_and_resume(seed: u64, parallelism: u32, kills: usize) {
+    let (count, keys) = (6_000_000u64, 20_000u64);
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("out");
+    let ck = tmp.path().join("ck");
+    let mut rng = fastrand_like(seed);
+    let mut killed = 0;
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(runs < 50, "job never finished");
+        let mut child = cairn()
+            .args(["run", "wordcount", "-p", &parallelism.to_string()])
+            .args([
+                "--generate",
+                &count.to_string(),
+                "--keys",
+                &keys.to_string(),
+            ])
+            .arg("--output")
+            .arg(&out_dir)
+            .arg("--checkpoint-dir")
+            .arg(&ck)
+            .args(["--checkpoint-interval", "30ms", "--from", "latest"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        if killed < kills {
+            let after = Duration::from_millis(50 + rng() % 550);
+            let deadline = Instant::now() + after;
+            let mut exited = None;
+            while Instant::now() < deadline {
+                if let Some(status) = child.try_wait().unwrap() {
+                    exited = Some(status);
+                    break;
+                }
+                std::thread::yield_now();
+                std::thread::park_timeout(Duration::from_millis(2));
+            }
+            if exited.is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                killed += 1;
+                continue;
+            }
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "seed {seed}: run {runs} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        break;
+    }
+    assert!(
+        killed >= 2,
+        "seed {seed}: the job finished after only {killed} kill(s)"
+    );
+    eprintln!("seed {seed}: {killed} SIGKILLs over {runs} runs");
+    assert_exactly_once(&out_dir, &generated_counts(count, keys));
+    assert_no_leftovers(&out_dir);
+}
+
+fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+#[test]
+fn sigkill_at_random_moments_and_resume_from_latest_keeps_exactly_once_p4() {
+    kill_and_resume(11, 4, 4);
+}
+
+#[test]
+fn sigkill_at_random_moments_and_resume_from_latest_keeps_exactly_once_p2() {
+    kill_and_resume(23, 2, 3);
+}
