@@ -240,6 +240,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         on_progress: interactive
             .then(|| Arc::new(progress_line) as Arc<dyn Fn(&Progress) + Send + Sync>),
         metrics: None,
+        status: None,
     };
     let summary = run_job(&graph, opts);
     if interactive {

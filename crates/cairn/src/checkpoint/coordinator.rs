@@ -89,6 +89,7 @@ pub struct CheckpointCoordinator {
     consecutive_failures: u32,
     completed: Vec<CompletedCheckpoint>,
     failed_total: u64,
+    triggered_total: u64,
 }
 
 /// The job must fail: too many checkpoints failed in a row.
@@ -137,6 +138,7 @@ impl CheckpointCoordinator {
             consecutive_failures: 0,
             completed: Vec::new(),
             failed_total: 0,
+            triggered_total: 0,
         }
     }
 
@@ -174,6 +176,11 @@ impl CheckpointCoordinator {
     /// Number of failed (aborted) checkpoints during this run.
     pub fn failed_total(&self) -> u64 {
         self.failed_total
+    }
+
+    /// Number of checkpoints triggered during this run.
+    pub fn triggered_total(&self) -> u64 {
+        self.triggered_total
     }
 
     /// Number of checkpoints in flight.
@@ -223,6 +230,7 @@ impl CheckpointCoordinator {
             },
         );
         self.last_trigger = Some(now);
+        self.triggered_total += 1;
         debug!(checkpoint = id, "triggering checkpoint");
         for t in self.tasks.iter().filter(|t| t.is_source) {
             // A closed mailbox means the task is gone; the attempt is failing anyway.

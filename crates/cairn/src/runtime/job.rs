@@ -16,6 +16,7 @@ use super::gate::{AlignmentMode, InputGate};
 use super::inject::FailureInjector;
 use super::operators::SINK_PENDING_STATE;
 use super::restart::RestartTracker;
+use super::status::{JobState, JobStatus};
 use super::task::{run_uploader, JobEvent, JobMetrics, TaskRuntime, UploadJob};
 use crate::api::{EdgeOutput, EdgePartition, JobGraph, NodeKind, SubtaskInit};
 use crate::checkpoint::coordinator::{CheckpointSettings, CompletedCheckpoint, TaskInfo};
@@ -63,6 +64,8 @@ pub struct RunOptions {
     pub on_progress: Option<ProgressFn>,
     /// Shared counters (created if None).
     pub metrics: Option<Arc<JobMetrics>>,
+    /// Shared live status (created if None); observers read it and may request a cancel.
+    pub status: Option<Arc<JobStatus>>,
 }
 
 /// Progress of a running job.
@@ -114,6 +117,9 @@ pub enum JobError {
     /// No usable checkpoint to restore from.
     #[error("{0}")]
     Restore(String),
+    /// The job was cancelled.
+    #[error("job cancelled")]
+    Canceled,
     /// The job failed and the restart strategy gave up.
     #[error("job failed after {restarts} restart(s): {cause} ({reason})")]
     Failed {
@@ -466,6 +472,7 @@ fn new_job_id() -> String {
 enum AttemptEnd {
     Finished,
     Failed(String),
+    Canceled,
 }
 
 /// Runs a job in this process until it finishes or fails for good.
@@ -541,6 +548,14 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
         }
     }
     let restored_from = restored.as_ref().map(|c| c.location.clone());
+    let status = opts.status.clone().unwrap_or_else(|| {
+        JobStatus::new(job_id.clone(), graph.name().to_string(), config.describe())
+    });
+    status.update(|v| {
+        v.jid = job_id.clone();
+        v.name = graph.name().to_string();
+        v.config = config.describe();
+    });
     if let Some(c) = &restored {
         info!("restoring job from checkpoint {} ({})", c.id(), c.location);
         if c.metadata.max_parallelism != plan.max_parallelism {
@@ -621,6 +636,7 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
             injector: &injector,
             metrics: &metrics,
         };
+        status.set_state(JobState::Running);
         let deployment = match deploy(&cx) {
             Ok(d) => d,
             Err(e) if attempt == 0 => return Err(JobError::Setup(e.to_string())),
@@ -720,6 +736,9 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
             if let Some(f) = failure {
                 break AttemptEnd::Failed(f);
             }
+            if status.cancel_requested() {
+                break AttemptEnd::Canceled;
+            }
             if let Some(c) = coordinator.as_mut() {
                 if let Err(e) = c.check_timeouts() {
                     break AttemptEnd::Failed(e.to_string());
@@ -737,6 +756,9 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
                     c.maybe_trigger(false);
                 }
             }
+            if let Some(c) = &coordinator {
+                sync_status(&status, c);
+            }
             if let Some(cb) = &opts.on_progress {
                 if last_progress.elapsed() >= Duration::from_secs(1) {
                     last_progress = Instant::now();
@@ -751,8 +773,17 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
         };
 
         match end {
+            AttemptEnd::Canceled => {
+                deployment.cancel();
+                status.set_state(JobState::Canceled);
+                return Err(JobError::Canceled);
+            }
             AttemptEnd::Finished => {
                 deployment.join();
+                if let Some(c) = &coordinator {
+                    sync_status(&status, c);
+                }
+                status.set_state(JobState::Finished);
                 let (checkpoints, failed) = coordinator.as_ref().map_or((Vec::new(), 0), |c| {
                     (c.completed().to_vec(), c.failed_total())
                 });
@@ -775,7 +806,9 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
                 // "task cancelled" may be among it.
                 let cause = drain_cause(&events_rx, attempt, cause);
                 warn!("job attempt {attempt} failed: {cause}");
+                status.update(|v| v.failure_cause = Some(cause.clone()));
                 if !checkpointing {
+                    status.set_state(JobState::Failed);
                     return Err(JobError::Failed {
                         restarts: restart_count,
                         cause,
@@ -787,21 +820,41 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
                 match restarts.on_failure(Instant::now()) {
                     Ok(delay) => {
                         restart_count += 1;
+                        status.update(|v| {
+                            v.state = JobState::Restarting;
+                            v.restarts = restart_count;
+                        });
                         attempt += 1;
                         info!("restarting job in {delay:?} (restart {restart_count})");
                         std::thread::sleep(delay);
                     }
                     Err(reason) => {
+                        status.set_state(JobState::Failed);
                         return Err(JobError::Failed {
                             restarts: restart_count,
                             cause,
                             reason,
-                        })
+                        });
                     }
                 }
             }
         }
     }
+}
+
+fn sync_status(status: &JobStatus, c: &CheckpointCoordinator) {
+    let completed = c.completed();
+    let known = status.view_completed_count();
+    for cp in completed.iter().skip(known) {
+        status.checkpoint_completed((*cp.metadata).clone());
+    }
+    status.set_completed_count(completed.len());
+    status.update(|v| {
+        v.checkpoint_counts.triggered = c.triggered_total();
+        v.checkpoint_counts.in_progress = c.pending_count() as u64;
+        v.checkpoint_counts.completed = completed.len() as u64;
+        v.checkpoint_counts.failed = c.failed_total();
+    });
 }
 
 fn drain_cause(events: &Receiver<JobEvent>, attempt: u32, cause: String) -> String {

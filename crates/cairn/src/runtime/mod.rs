@@ -9,6 +9,8 @@ pub mod inject;
 pub mod job;
 pub mod operators;
 pub mod restart;
+pub mod status;
 pub mod task;
 
 pub use job::{run_job, InjectSpec, JobError, JobSummary, Progress, RestoreFrom, RunOptions};
+pub use status::{JobState, JobStatus, JobStatusView};
