@@ -1,19 +1,24 @@
 //! `cairn run JOB`: a built-in job in this process.
 
 use std::io::{IsTerminal, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cairn::config::{keys, JobConfig};
+use cairn::jobs::backpressure;
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
-use cairn::runtime::{run_job, InjectSpec, JobSummary, Progress, RestoreFrom, RunOptions};
+use cairn::runtime::{
+    run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions,
+};
+use cairn_rest::{JobRegistry, RestServer};
 use clap::Args;
 
 use crate::human;
 
 /// Built-in jobs.
-const JOBS: &[&str] = &["wordcount"];
+const JOBS: &[&str] = &["wordcount", "backpressure"];
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -28,6 +33,9 @@ pub struct RunArgs {
     /// Number of distinct generated words (K).
     #[arg(long, value_name = "K", requires = "generate")]
     keys: Option<u64>,
+    /// backpressure: records per second the throttled sink accepts.
+    #[arg(long, value_name = "N", default_value_t = 100_000)]
+    sink_rate: u64,
     /// Output directory for the exactly-once file sink (committed files never start with '.' or '_').
     #[arg(long, value_name = "DIR", conflicts_with = "discard")]
     output: Option<PathBuf>,
@@ -46,6 +54,15 @@ pub struct RunArgs {
     /// Checkpointing mode: exactly-once or at-least-once (execution.checkpointing.mode).
     #[arg(long, value_name = "MODE")]
     mode: Option<String>,
+    /// Unaligned checkpoints: barriers overtake in-flight data, which is persisted (execution.checkpointing.unaligned.enabled).
+    #[arg(long)]
+    unaligned: bool,
+    /// Start checkpoints aligned and switch to unaligned after this long, e.g. 200ms (execution.checkpointing.aligned-checkpoint-timeout; implies --unaligned).
+    #[arg(long, value_name = "DURATION")]
+    aligned_checkpoint_timeout: Option<String>,
+    /// Checkpoints in flight at once (execution.checkpointing.max-concurrent-checkpoints).
+    #[arg(long, value_name = "N")]
+    max_concurrent_checkpoints: Option<u32>,
     /// Start from a checkpoint: a chk-<n> directory (or its _metadata), or `latest` under --checkpoint-dir.
     #[arg(long, value_name = "PATH|latest")]
     from: Option<String>,
@@ -64,6 +81,12 @@ pub struct RunArgs {
     /// Write the run's summary as JSON to this file (for scripts and benchmarks).
     #[arg(long, value_name = "FILE")]
     summary_json: Option<PathBuf>,
+    /// Serve Flink's REST API (jobs, checkpoints, cancel) while the job runs: HOST:PORT, or PORT on 127.0.0.1.
+    #[arg(long, value_name = "ADDR")]
+    rest: Option<String>,
+    /// Require `Authorization: Bearer TOKEN` on every REST request.
+    #[arg(long, value_name = "TOKEN", requires = "rest")]
+    rest_token: Option<String>,
 }
 
 /// Builds the configuration: defaults, then the file, then -D, then the dedicated flags.
@@ -91,6 +114,15 @@ fn build_config(args: &RunArgs) -> Result<JobConfig> {
     }
     if let Some(m) = &args.mode {
         pairs.push((keys::CHECKPOINTING_MODE.into(), m.clone()));
+    }
+    if args.unaligned || args.aligned_checkpoint_timeout.is_some() {
+        pairs.push((keys::UNALIGNED_ENABLED.into(), "true".into()));
+    }
+    if let Some(t) = &args.aligned_checkpoint_timeout {
+        pairs.push((keys::ALIGNED_CHECKPOINT_TIMEOUT.into(), t.clone()));
+    }
+    if let Some(n) = args.max_concurrent_checkpoints {
+        pairs.push((keys::MAX_CONCURRENT_CHECKPOINTS.into(), n.to_string()));
     }
     config.set_all(pairs)?;
     // `--checkpoint-dir` alone means "checkpoint there": every 1s, unless an interval is set by
@@ -125,6 +157,23 @@ fn progress_line(p: &Progress) {
     let mut err = std::io::stderr().lock();
     let _ = write!(err, "\r\x1b[2K{line}");
     let _ = err.flush();
+}
+
+fn count_lines(path: &std::path::Path) -> Result<u64> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)
+        .with_context(|| format!("cannot read input file {}", path.display()))?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut lines = 0u64;
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("cannot read input file {}", path.display()))?;
+        if n == 0 {
+            return Ok(lines.max(1));
+        }
+        lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+    }
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -184,6 +233,9 @@ fn summary_json(s: &JobSummary) -> serde_json::Value {
             "alignment_ms_max": c.metadata.tasks.iter().map(|t| t.alignment_ms).max().unwrap_or(0),
             "sync_ms_max": c.metadata.tasks.iter().map(|t| t.sync_ms).max().unwrap_or(0),
             "async_ms_max": c.metadata.tasks.iter().map(|t| t.async_ms).max().unwrap_or(0),
+            "start_delay_ms_max": c.metadata.tasks.iter().map(|t| t.start_delay_ms).max().unwrap_or(0),
+            "channel_state_size": c.metadata.tasks.iter().map(|t| t.channel_state_size).sum::<u64>(),
+            "unaligned": c.metadata.tasks.iter().any(|t| t.unaligned),
         })).collect::<Vec<_>>(),
     })
 }
@@ -225,9 +277,34 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let expected_records = match &input {
         WordInput::Generate { count, .. } => *count,
-        WordInput::File(p) => std::fs::metadata(p).map(|m| m.len() / 6).unwrap_or(1),
+        // Failures are planned within the smallest record count any task sees: the lines.
+        WordInput::File(p) if args.inject_failures.is_some() => count_lines(p)?,
+        WordInput::File(_) => 1,
     };
-    let graph = wordcount::build(&input, &output).map_err(|e| anyhow!(e))?;
+    let graph = match (args.job.as_str(), &input) {
+        ("backpressure", WordInput::Generate { count, keys }) => {
+            backpressure::build(&backpressure::BackpressureArgs {
+                records: *count,
+                keys: *keys,
+                sink_rate: args.sink_rate,
+                output: output.clone(),
+            })
+        }
+        ("backpressure", WordInput::File(_)) => {
+            bail!("backpressure generates its input: use --generate N")
+        }
+        _ => wordcount::build(&input, &output),
+    }
+    .map_err(|e| anyhow!(e))?;
+    // The job master fills in the job id once it knows it (it may adopt a restored one).
+    let rest = match &args.rest {
+        Some(addr) => {
+            let status = JobStatus::new(String::new(), graph.name().to_string(), config.describe());
+            let server = start_rest(addr, args.rest_token.clone(), status.clone())?;
+            Some((server, status))
+        }
+        None => None,
+    };
     let interactive = std::io::stderr().is_terminal();
     let opts = RunOptions {
         config,
@@ -240,9 +317,11 @@ pub fn run(args: RunArgs) -> Result<()> {
         on_progress: interactive
             .then(|| Arc::new(progress_line) as Arc<dyn Fn(&Progress) + Send + Sync>),
         metrics: None,
-        status: None,
+        status: rest.as_ref().map(|(_, status)| status.clone()),
     };
     let summary = run_job(&graph, opts);
+    // The job has ended: stop answering.
+    drop(rest);
     if interactive {
         eprint!("\r\x1b[2K");
     }
@@ -259,4 +338,41 @@ pub fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Parses `--rest`: `HOST:PORT` (an IP address or a name), or a bare `PORT` (or `:PORT`) on
+/// 127.0.0.1.
+fn rest_addr(text: &str) -> Result<SocketAddr> {
+    let t = text.trim();
+    let port_only = t.strip_prefix(':').unwrap_or(t);
+    if let Ok(port) = port_only.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if let Ok(addr) = t.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bad = || anyhow!("--rest expects HOST:PORT or PORT (e.g. 127.0.0.1:8081), got '{text}'");
+    t.to_socket_addrs()
+        .map_err(|_| bad())?
+        .next()
+        .ok_or_else(bad)
+}
+
+/// Starts the REST API for one job and says where.
+fn start_rest(addr: &str, token: Option<String>, status: Arc<JobStatus>) -> Result<RestServer> {
+    let addr = rest_addr(addr)?;
+    if token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        bail!("--rest-token must not be empty");
+    }
+    let registry = JobRegistry::new();
+    registry.register(status);
+    let open = token.is_none() && !addr.ip().is_loopback();
+    let server = cairn_rest::serve(addr, registry, token)?;
+    eprintln!("REST API listening on http://{}", server.local_addr());
+    if open {
+        tracing::warn!(
+            "the REST API on {addr} has no --rest-token: anyone who can reach it can cancel the job"
+        );
+    }
+    Ok(server)
 }

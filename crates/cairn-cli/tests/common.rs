@@ -69,8 +69,13 @@ pub fn check_output(dir: &Path, expected: &HashMap<String, u64>) -> Check {
         counts.sort_unstable();
         let mut present = vec![0u64; n as usize + 1];
         for c in counts {
-            assert!(c >= 1 && c <= n, "word {w}: count {c} outside 1..={n}");
-            present[c as usize] += 1;
+            assert!(c >= 1, "word {w}: count {c}");
+            if c > n {
+                // A count past n: some record of w was counted twice (at-least-once).
+                check.duplicates += 1;
+            } else {
+                present[c as usize] += 1;
+            }
         }
         for &times in &present[1..] {
             match times {

@@ -16,11 +16,13 @@ const RESTART_FAST: [&str; 6] = [
     "restart-strategy.fixed-delay.delay=0ms",
 ];
 
-#[test]
-fn injected_failures_at_parallelism_4_keep_exactly_once() {
+/// Runs wordcount at parallelism 4 with injected failures in the given checkpoint mode;
+/// returns the duplicates and losses in the committed output.
+fn injected(extra: &[&str], seeds: &[u64]) -> Vec<Check> {
     let (count, keys) = (400_000u64, 5_000u64);
     let expected = generated_counts(count, keys);
-    for seed in [1u64, 7, 42] {
+    let mut checks = Vec::new();
+    for &seed in seeds {
         let tmp = tempfile::tempdir().unwrap();
         let out_dir = tmp.path().join("out");
         let out = run_ok(
@@ -38,7 +40,8 @@ fn injected_failures_at_parallelism_4_keep_exactly_once() {
                 .arg(tmp.path().join("ck"))
                 .args(["--checkpoint-interval", "20ms"])
                 .args(["--inject-failures", "4", "--seed", &seed.to_string()])
-                .args(RESTART_FAST),
+                .args(RESTART_FAST)
+                .args(extra),
         );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -46,9 +49,49 @@ fn injected_failures_at_parallelism_4_keep_exactly_once() {
             "seed {seed}: {stderr}"
         );
         assert!(stderr.contains(", 4 restarts"), "seed {seed}: {stderr}");
-        assert_exactly_once(&out_dir, &expected);
         assert_no_leftovers(&out_dir);
+        checks.push(check_output(&out_dir, &expected));
     }
+    checks
+}
+
+fn assert_all_exactly_once(checks: Vec<Check>) {
+    for c in checks {
+        assert_eq!((c.duplicates, c.missing), (0, 0), "exactly-once violated");
+    }
+}
+
+#[test]
+fn injected_failures_at_parallelism_4_keep_exactly_once() {
+    assert_all_exactly_once(injected(&[], &[1, 7, 42]));
+}
+
+#[test]
+fn injected_failures_with_unaligned_checkpoints_keep_exactly_once() {
+    assert_all_exactly_once(injected(&["--unaligned"], &[2, 8, 43]));
+}
+
+#[test]
+fn injected_failures_with_alignment_timeout_keep_exactly_once() {
+    assert_all_exactly_once(injected(&["--aligned-checkpoint-timeout", "2ms"], &[3, 9]));
+}
+
+#[test]
+fn injected_failures_with_concurrent_checkpoints_keep_exactly_once() {
+    assert_all_exactly_once(injected(&["--max-concurrent-checkpoints", "3"], &[4, 10]));
+}
+
+#[test]
+fn injected_failures_at_least_once_lose_nothing() {
+    let checks = injected(&["--mode", "at-least-once"], &[5, 11, 44]);
+    let duplicates: u64 = checks.iter().map(|c| c.duplicates).sum();
+    for c in &checks {
+        assert_eq!(c.missing, 0, "at-least-once lost records");
+    }
+    eprintln!(
+        "at-least-once with injected failures: {duplicates} duplicate output lines over {} runs",
+        checks.len()
+    );
 }
 
 #[test]
@@ -76,7 +119,10 @@ fn injected_failures_from_a_file_input_keep_exactly_once() {
             .args(RESTART_FAST),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(", 3 restarts"), "{stderr}");
+    assert!(
+        stderr.contains(", 3 restarts, 3/3 injected failures"),
+        "{stderr}"
+    );
     assert_exactly_once(&out_dir, &expected);
 }
 
@@ -125,7 +171,7 @@ fn without_a_restart_strategy_budget_the_job_fails_cleanly() {
 
 /// Kills the job with SIGKILL at random moments, resumes it with `--from latest` each time,
 /// and checks the committed output of the whole sequence.
-fn kill_and_resume(seed: u64, parallelism: u32, kills: usize) {
+fn kill_and_resume(seed: u64, parallelism: u32, kills: usize, extra: &[&str]) -> Check {
     let (count, keys) = (6_000_000u64, 20_000u64);
     let tmp = tempfile::tempdir().unwrap();
     let out_dir = tmp.path().join("out");
@@ -149,12 +195,13 @@ fn kill_and_resume(seed: u64, parallelism: u32, kills: usize) {
             .arg("--checkpoint-dir")
             .arg(&ck)
             .args(["--checkpoint-interval", "30ms", "--from", "latest"])
+            .args(extra)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         if killed < kills {
-            let after = Duration::from_millis(50 + rng() % 550);
+            let after = Duration::from_millis(20 + rng() % 230);
             let deadline = Instant::now() + after;
             let mut exited = None;
             while Instant::now() < deadline {
@@ -185,8 +232,12 @@ fn kill_and_resume(seed: u64, parallelism: u32, kills: usize) {
         "seed {seed}: the job finished after only {killed} kill(s)"
     );
     eprintln!("seed {seed}: {killed} SIGKILLs over {runs} runs");
-    assert_exactly_once(&out_dir, &generated_counts(count, keys));
     assert_no_leftovers(&out_dir);
+    check_output(&out_dir, &generated_counts(count, keys))
+}
+
+fn assert_clean(c: Check) {
+    assert_eq!((c.duplicates, c.missing), (0, 0), "exactly-once violated");
 }
 
 fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
@@ -201,10 +252,45 @@ fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
 
 #[test]
 fn sigkill_at_random_moments_and_resume_from_latest_keeps_exactly_once_p4() {
-    kill_and_resume(11, 4, 4);
+    assert_clean(kill_and_resume(11, 4, 4, &[]));
+}
+
+#[test]
+fn sigkill_with_unaligned_checkpoints_keeps_exactly_once() {
+    assert_clean(kill_and_resume(12, 4, 4, &["--unaligned"]));
+}
+
+#[test]
+fn sigkill_with_alignment_timeout_keeps_exactly_once() {
+    assert_clean(kill_and_resume(
+        13,
+        4,
+        3,
+        &["--aligned-checkpoint-timeout", "5ms"],
+    ));
+}
+
+#[test]
+fn sigkill_with_concurrent_checkpoints_keeps_exactly_once() {
+    assert_clean(kill_and_resume(
+        14,
+        4,
+        3,
+        &["--max-concurrent-checkpoints", "3"],
+    ));
+}
+
+#[test]
+fn sigkill_at_least_once_loses_nothing() {
+    let c = kill_and_resume(15, 4, 4, &["--mode", "at-least-once"]);
+    assert_eq!(c.missing, 0, "at-least-once lost records");
+    eprintln!(
+        "at-least-once with SIGKILLs: {} duplicate output lines",
+        c.duplicates
+    );
 }
 
 #[test]
 fn sigkill_at_random_moments_and_resume_from_latest_keeps_exactly_once_p2() {
-    kill_and_resume(23, 2, 3);
+    assert_clean(kill_and_resume(23, 2, 3, &[]));
 }

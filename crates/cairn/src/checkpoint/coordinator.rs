@@ -15,7 +15,7 @@ use crossbeam_channel::Sender;
 use tracing::{debug, warn};
 
 use super::{now_ms, CheckpointMetadata, OperatorMetadata, SubtaskStateHandle, TaskAck};
-use crate::runtime::channel::{Barrier, Mail};
+use crate::runtime::channel::{Barrier, BarrierKind, Mail};
 use crate::storage::format::{encode, FileKind};
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir};
 use crate::storage::CheckpointStorage;
@@ -35,6 +35,8 @@ pub struct CheckpointSettings {
     pub tolerable_failed: u32,
     /// Completed checkpoints kept.
     pub num_retained: u32,
+    /// Aligned, aligned with a timeout, or unaligned barriers.
+    pub barrier_kind: BarrierKind,
 }
 
 /// One subtask as the coordinator sees it.
@@ -234,7 +236,9 @@ impl CheckpointCoordinator {
         debug!(checkpoint = id, "triggering checkpoint");
         for t in self.tasks.iter().filter(|t| t.is_source) {
             // A closed mailbox means the task is gone; the attempt is failing anyway.
-            let _ = t.mailbox.send(Mail::TriggerCheckpoint(barrier));
+            let _ = t
+                .mailbox
+                .send(Mail::TriggerCheckpoint(barrier, self.settings.barrier_kind));
         }
         Some(id)
     }

@@ -53,6 +53,10 @@ pub struct TaskCheckpointStats {
     pub start_delay_ms: u64,
     /// Bytes written.
     pub state_size: u64,
+    /// Bytes of in-flight data persisted (unaligned checkpoints).
+    pub channel_state_size: u64,
+    /// Whether the checkpoint was unaligned at this subtask.
+    pub unaligned: bool,
 }
 
 /// The `_metadata` of a completed checkpoint.

@@ -78,6 +78,7 @@ impl LoadedCheckpoint {
         if old_parallelism == parallelism {
             for (s, data) in old {
                 if *s == subtask {
+                    out.channel = data.channel.clone();
                     for (name, entries) in &data.operator {
                         out.operator
                             .entry(name.clone())
@@ -103,6 +104,23 @@ impl LoadedCheckpoint {
             }
         }
         out
+    }
+
+    /// Whether operator `uid` has in-flight data (unaligned checkpoint) in this checkpoint.
+    pub fn has_channel_state(&self, uid: &str) -> bool {
+        self.states.get(uid).is_some_and(|old| {
+            old.iter()
+                .any(|(_, d)| d.channel.as_ref().is_some_and(|c| !c.channels.is_empty()))
+        })
+    }
+
+    /// The parallelism operator `uid` had in this checkpoint.
+    pub fn parallelism_of(&self, uid: &str) -> Option<u32> {
+        self.metadata
+            .operators
+            .iter()
+            .find(|o| o.uid == uid)
+            .map(|o| o.parallelism)
     }
 
     /// Every entry of operator list state `name` of `uid`, over all old subtasks (a sink's

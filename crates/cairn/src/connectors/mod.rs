@@ -7,12 +7,16 @@
 mod file_sink;
 mod file_source;
 mod generator;
+mod sequence;
 mod simple_sinks;
+mod throttled;
 
 pub use file_sink::FileSink;
 pub use file_source::FileSource;
 pub use generator::{GeneratorSource, Word};
+pub use sequence::SequenceSource;
 pub use simple_sinks::{DiscardSink, PrintSink};
+pub use throttled::ThrottledSink;
 
 use std::sync::Arc;
 

@@ -1,3 +1,4 @@
 //! Built-in jobs, shipped in the `cairn` binary and buildable by name in every process.
 
+pub mod backpressure;
 pub mod wordcount;

@@ -5,6 +5,9 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
 use super::channel::{Barrier, ChannelSender, Element, BATCH_RECORDS_MAX};
 use crate::error::{TaskError, TaskResult};
 use crate::state::keygroup::{key_group_of_hash, subtask_for_key_group};
@@ -13,19 +16,12 @@ use crate::state::OperatorSnapshot;
 /// An event every output channel receives, in order with the records.
 #[derive(Debug, Clone, Copy)]
 pub enum Event {
-    /// Checkpoint barrier.
+    /// Checkpoint barrier, in band.
     Barrier(Barrier),
+    /// Unaligned checkpoint barrier: overtakes the data queued at the receiver.
+    UnalignedBarrier(Barrier),
     /// No more records.
     EndOfStream,
-}
-
-impl Event {
-    fn element(self) -> Element {
-        match self {
-            Event::Barrier(b) => Element::Barrier(b),
-            Event::EndOfStream => Element::EndOfStream,
-        }
-    }
 }
 
 /// A one-input operator, called on whole batches.
@@ -193,6 +189,8 @@ pub struct EdgeWriter<T> {
     partitioner: Partitioner<T>,
     senders: Vec<ChannelSender>,
     buffers: Vec<Vec<T>>,
+    /// Batches sent per channel (an unaligned barrier tells the receiver how many preceded it).
+    sent: Vec<u64>,
     next_channel: usize,
 }
 
@@ -200,16 +198,19 @@ impl<T: Clone + Send + 'static> EdgeWriter<T> {
     /// A writer onto `senders` (one per downstream subtask, or one for forward edges).
     pub fn new(partitioner: Partitioner<T>, senders: Vec<ChannelSender>) -> Self {
         let buffers = senders.iter().map(|_| Vec::new()).collect();
+        let sent = vec![0; senders.len()];
         EdgeWriter {
             partitioner,
             senders,
             buffers,
+            sent,
             next_channel: 0,
         }
     }
 
     fn send(&mut self, ch: usize) -> TaskResult {
         let full = std::mem::replace(&mut self.buffers[ch], Vec::with_capacity(BATCH_RECORDS_MAX));
+        self.sent[ch] += 1;
         self.senders[ch].send_batch(Box::new(full))
     }
 
@@ -231,6 +232,7 @@ impl<T: Clone + Send + 'static> EdgeWriter<T> {
             // One channel: hand over the whole batch when nothing is buffered.
             if self.buffers[0].is_empty() && batch.len() >= BATCH_RECORDS_MAX / 2 {
                 let full = std::mem::replace(batch, Vec::with_capacity(BATCH_RECORDS_MAX));
+                self.sent[0] += 1;
                 return self.senders[0].send_batch(Box::new(full));
             }
             for rec in batch.drain(..) {
@@ -290,8 +292,12 @@ impl<T: Clone + Send + 'static> EdgeWriter<T> {
 
     fn emit(&mut self, event: Event) -> TaskResult {
         self.flush()?;
-        for s in &self.senders {
-            s.send_event(event.element())?;
+        for (ch, s) in self.senders.iter().enumerate() {
+            match event {
+                Event::Barrier(b) => s.send_event(Element::Barrier(b))?,
+                Event::UnalignedBarrier(b) => s.send_priority_barrier(b, self.sent[ch])?,
+                Event::EndOfStream => s.send_event(Element::EndOfStream)?,
+            }
         }
         Ok(())
     }
@@ -404,6 +410,29 @@ pub trait TaskBody: Send {
     fn emit(&mut self, event: Event) -> TaskResult;
     /// Sends partial batches downstream.
     fn flush(&mut self) -> TaskResult;
+    /// Serializes a batch of input `port` (in-flight data of an unaligned checkpoint).
+    fn encode_batch(&self, port: usize, batch: &(dyn Any + Send)) -> TaskResult<Vec<u8>>;
+    /// Deserializes a batch of input `port` (replay of channel state).
+    fn decode_batch(&self, port: usize, bytes: &[u8]) -> TaskResult<Box<dyn Any + Send>>;
+}
+
+fn encode_typed<T: Serialize + 'static>(batch: &(dyn Any + Send)) -> TaskResult<Vec<u8>> {
+    let typed = batch
+        .downcast_ref::<Vec<T>>()
+        .ok_or_else(|| TaskError::msg("a batch of an unexpected record type reached a task"))?;
+    postcard::to_stdvec(typed)
+        .map_err(|e| TaskError::msg(format!("cannot serialize in-flight data: {e}")))
+}
+
+fn decode_typed<T: DeserializeOwned + Send + 'static>(
+    bytes: &[u8],
+) -> TaskResult<Box<dyn Any + Send>> {
+    let v: Vec<T> = postcard::from_bytes(bytes).map_err(|e| {
+        TaskError::msg(format!(
+            "cannot restore in-flight data: {e}; was the record type changed?"
+        ))
+    })?;
+    Ok(Box::new(v))
 }
 
 fn downcast<T: 'static>(batch: Box<dyn Any + Send>) -> TaskResult<Vec<T>> {
@@ -445,7 +474,13 @@ macro_rules! delegate_chain {
     };
 }
 
-impl<I: Send + 'static> TaskBody for OneInputBody<I> {
+impl<I: Send + Serialize + DeserializeOwned + 'static> TaskBody for OneInputBody<I> {
+    fn encode_batch(&self, _port: usize, batch: &(dyn Any + Send)) -> TaskResult<Vec<u8>> {
+        encode_typed::<I>(batch)
+    }
+    fn decode_batch(&self, _port: usize, bytes: &[u8]) -> TaskResult<Box<dyn Any + Send>> {
+        decode_typed::<I>(bytes)
+    }
     fn process(&mut self, _port: usize, batch: Box<dyn Any + Send>) -> TaskResult<usize> {
         let mut batch = downcast::<I>(batch)?;
         let n = batch.len();
@@ -485,6 +520,12 @@ impl<T> SourceBody<T> {
 }
 
 impl<T: Send + 'static> TaskBody for SourceBody<T> {
+    fn encode_batch(&self, _port: usize, _batch: &(dyn Any + Send)) -> TaskResult<Vec<u8>> {
+        Err(TaskError::msg("a source task has no input"))
+    }
+    fn decode_batch(&self, _port: usize, _bytes: &[u8]) -> TaskResult<Box<dyn Any + Send>> {
+        Err(TaskError::msg("a source task has no input"))
+    }
     fn process(&mut self, _port: usize, _batch: Box<dyn Any + Send>) -> TaskResult<usize> {
         Err(TaskError::msg("a source task has no input"))
     }
@@ -542,11 +583,25 @@ impl<I1, I2, O, Op> TwoInputBody<I1, I2, O, Op> {
 
 impl<I1, I2, O, Op> TaskBody for TwoInputBody<I1, I2, O, Op>
 where
-    I1: Send + 'static,
-    I2: Send + 'static,
+    I1: Send + Serialize + DeserializeOwned + 'static,
+    I2: Send + Serialize + DeserializeOwned + 'static,
     O: Send + 'static,
     Op: TwoInputOperator<I1, I2, O>,
 {
+    fn encode_batch(&self, port: usize, batch: &(dyn Any + Send)) -> TaskResult<Vec<u8>> {
+        if port == 0 {
+            encode_typed::<I1>(batch)
+        } else {
+            encode_typed::<I2>(batch)
+        }
+    }
+    fn decode_batch(&self, port: usize, bytes: &[u8]) -> TaskResult<Box<dyn Any + Send>> {
+        if port == 0 {
+            decode_typed::<I1>(bytes)
+        } else {
+            decode_typed::<I2>(bytes)
+        }
+    }
     fn process(&mut self, port: usize, batch: Box<dyn Any + Send>) -> TaskResult<usize> {
         let n = if port == 0 {
             let mut b = downcast::<I1>(batch)?;

@@ -31,6 +31,17 @@ pub struct Barrier {
     pub timestamp_ms: u64,
 }
 
+/// How tasks treat barriers of a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarrierKind {
+    /// In-band, aligned (or tracked in at-least-once mode).
+    Aligned,
+    /// In-band, aligned, but switch to unaligned once `timeout_ms` passed since the trigger.
+    AlignedWithTimeout { timeout_ms: u64 },
+    /// Unaligned: overtakes in-flight data, which becomes channel state.
+    Unaligned,
+}
+
 /// What travels on a channel.
 pub enum Element {
     /// A `Vec<T>` of records, type-erased at the channel.
@@ -57,7 +68,15 @@ pub enum Mail {
     /// An element from input channel `channel`.
     Data { channel: usize, element: Element },
     /// Sources only: take checkpoint `barrier.id` now and emit the barrier.
-    TriggerCheckpoint(Barrier),
+    TriggerCheckpoint(Barrier, BarrierKind),
+    /// An unaligned barrier from input channel `channel` that overtook the data queued before
+    /// it: the sender had sent `batches_before` batches on that channel before the barrier.
+    /// Delivered through the priority mailbox.
+    PriorityBarrier {
+        channel: usize,
+        barrier: Barrier,
+        batches_before: u64,
+    },
     /// Checkpoint `id` is complete (all tasks acknowledged; metadata written).
     CheckpointComplete(u64),
     /// Checkpoint `id` was aborted.
@@ -130,17 +149,37 @@ impl Credit {
 pub struct ChannelSender {
     channel: usize,
     mailbox: Sender<Mail>,
+    priority: Sender<Mail>,
     credit: Arc<Credit>,
 }
 
 impl ChannelSender {
-    /// The sender of channel `channel` into `mailbox`.
-    pub fn new(channel: usize, mailbox: Sender<Mail>, credit: Arc<Credit>) -> Self {
+    /// The sender of channel `channel` into a subtask's `mailbox` (and its `priority` mailbox,
+    /// for unaligned barriers).
+    pub fn new(
+        channel: usize,
+        mailbox: Sender<Mail>,
+        priority: Sender<Mail>,
+        credit: Arc<Credit>,
+    ) -> Self {
         ChannelSender {
             channel,
             mailbox,
+            priority,
             credit,
         }
+    }
+
+    /// Sends an unaligned barrier ahead of the queued data; `batches_before` batches were sent
+    /// on this channel before it.
+    pub fn send_priority_barrier(&self, barrier: Barrier, batches_before: u64) -> TaskResult {
+        self.priority
+            .send(Mail::PriorityBarrier {
+                channel: self.channel,
+                barrier,
+                batches_before,
+            })
+            .map_err(|_| TaskError::Cancelled)
     }
 
     /// Sends a batch, waiting for credit (backpressure).
@@ -172,7 +211,7 @@ mod tests {
     fn a_sender_without_credit_waits_until_one_is_returned_or_closed() {
         let (tx, rx) = crossbeam_channel::unbounded();
         let credit = Credit::new(2);
-        let s = ChannelSender::new(0, tx, credit.clone());
+        let s = ChannelSender::new(0, tx.clone(), tx, credit.clone());
         s.send_batch(Box::new(vec![1u32])).unwrap();
         s.send_batch(Box::new(vec![2u32])).unwrap();
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::{info, warn};
 
-use super::channel::{ChannelSender, Credit, Mail, CHANNEL_CREDITS_MAX};
+use super::channel::{BarrierKind, ChannelSender, Credit, Mail, CHANNEL_CREDITS_MAX};
 use super::gate::{AlignmentMode, InputGate};
 use super::inject::FailureInjector;
 use super::operators::SINK_PENDING_STATE;
@@ -26,6 +26,7 @@ use crate::checkpoint::{
 use crate::config::{CheckpointingMode, JobConfig, StateBackendKind};
 use crate::error::TaskError;
 use crate::runtime::chain::{TaskBody, SOURCE_SPLITS_STATE};
+use crate::state::ChannelStateData;
 use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
 
 /// Where a run starts from.
@@ -249,6 +250,9 @@ impl Deployment {
     }
 }
 
+/// A built subtask: (vertex, body, subtask index, in-flight data to replay).
+type BuiltTask = (usize, Box<dyn TaskBody>, u32, Option<ChannelStateData>);
+
 struct DeployCtx<'a> {
     graph: &'a JobGraph,
     plan: &'a Plan,
@@ -275,10 +279,15 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
     }
     let mut mail_tx = Vec::with_capacity(total);
     let mut mail_rx = Vec::with_capacity(total);
+    let mut prio_tx = Vec::with_capacity(total);
+    let mut prio_rx = Vec::with_capacity(total);
     for _ in 0..total {
         let (tx, rx) = crossbeam_channel::unbounded::<Mail>();
         mail_tx.push(tx);
         mail_rx.push(Some(rx));
+        let (tx, rx) = crossbeam_channel::unbounded::<Mail>();
+        prio_tx.push(tx);
+        prio_rx.push(Some(rx));
     }
     // Channels: per downstream task, its input channels; per edge and upstream subtask, senders.
     let mut channel_ports: Vec<Vec<usize>> = vec![Vec::new(); total];
@@ -311,7 +320,12 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
                     channel_ports[task].push(e.port);
                     channel_credits[task].push(credit.clone());
                     all_credits.push(credit.clone());
-                    edge_senders[ei][j].push(ChannelSender::new(ch, mail_tx[task].clone(), credit));
+                    edge_senders[ei][j].push(ChannelSender::new(
+                        ch,
+                        mail_tx[task].clone(),
+                        prio_tx[task].clone(),
+                        credit,
+                    ));
                 }
             }
         }
@@ -321,7 +335,7 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
         CheckpointingMode::AtLeastOnce => AlignmentMode::Tracking,
     };
     let (upload_tx, upload_rx) = crossbeam_channel::unbounded::<UploadJob>();
-    let mut bodies: Vec<(usize, Box<dyn TaskBody>, u32)> = Vec::with_capacity(total);
+    let mut bodies: Vec<BuiltTask> = Vec::with_capacity(total);
     let mut infos = Vec::with_capacity(total);
     for (vi, v) in plan.vertices.iter().enumerate() {
         for i in 0..v.parallelism {
@@ -361,6 +375,7 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
             }
             let head = v.nodes[0];
             let mut init = init_for(head);
+            let restored_channels = init.restored.channel.take();
             let body = match &graph.nodes()[head].kind {
                 NodeKind::Source { splits, body } => {
                     let restored_here =
@@ -380,7 +395,7 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
                 NodeKind::OneInput { link, head: wrap } => wrap(link(&mut init, next)?)?,
                 NodeKind::TwoInput { body } => body(&mut init, next)?,
             };
-            bodies.push((vi, body, i));
+            bodies.push((vi, body, i, restored_channels));
             infos.push(TaskInfo {
                 name: v.name.clone(),
                 subtask: i,
@@ -395,7 +410,13 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
         }
     }
     let mut handles = Vec::with_capacity(total);
-    for (task, (vi, body, i)) in bodies.into_iter().enumerate() {
+    let aligned_timeout = match barrier_kind(cx.config) {
+        BarrierKind::AlignedWithTimeout { timeout_ms } => {
+            Some(std::time::Duration::from_millis(timeout_ms))
+        }
+        _ => None,
+    };
+    for (task, (vi, body, i, restored_channels)) in bodies.into_iter().enumerate() {
         let v = &plan.vertices[vi];
         let rt = TaskRuntime {
             index: task,
@@ -408,6 +429,14 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
             mailbox: mail_rx[task]
                 .take()
                 .ok_or_else(|| TaskError::msg("mailbox taken twice"))?,
+            priority: prio_rx[task]
+                .take()
+                .ok_or_else(|| TaskError::msg("mailbox taken twice"))?,
+            aligned_timeout,
+            restored_channels,
+            held: None,
+            inbox: Default::default(),
+            gate_channels: channel_ports[task].len(),
             gate: (!v.is_source).then(|| InputGate::new(channel_ports[task].len(), mode)),
             channel_ports: std::mem::take(&mut channel_ports[task]),
             credits: std::mem::take(&mut channel_credits[task]),
@@ -465,6 +494,18 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
     })
 }
 
+fn barrier_kind(config: &JobConfig) -> BarrierKind {
+    if config.unaligned_enabled && config.aligned_checkpoint_timeout.is_zero() {
+        BarrierKind::Unaligned
+    } else if config.unaligned_enabled {
+        BarrierKind::AlignedWithTimeout {
+            timeout_ms: config.aligned_checkpoint_timeout.as_millis() as u64,
+        }
+    } else {
+        BarrierKind::Aligned
+    }
+}
+
 fn new_job_id() -> String {
     format!("{:032x}", fastrand::u128(..))
 }
@@ -487,9 +528,9 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
             "state.backend.type: 'rocksdb' is not available in this build; use 'hashmap'".into(),
         ));
     }
-    if config.unaligned_enabled || !config.aligned_checkpoint_timeout.is_zero() {
+    if config.unaligned_enabled && config.checkpointing_mode == CheckpointingMode::AtLeastOnce {
         return Err(JobError::Setup(
-            "execution.checkpointing.unaligned.enabled / aligned-checkpoint-timeout: unaligned checkpoints are not available in this build".into(),
+            "execution.checkpointing.unaligned.enabled: unaligned checkpoints need execution.checkpointing.mode EXACTLY_ONCE".into(),
         ));
     }
     let plan = plan(graph, config)?;
@@ -558,6 +599,16 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
     });
     if let Some(c) = &restored {
         info!("restoring job from checkpoint {} ({})", c.id(), c.location);
+        for node in graph.nodes() {
+            let uid = node.uid.as_str();
+            let now_p = node.parallelism.unwrap_or(config.parallelism);
+            if c.has_channel_state(uid) && c.parallelism_of(uid) != Some(now_p) {
+                return Err(JobError::Restore(format!(
+                    "checkpoint {} holds in-flight data of operator '{uid}' (unaligned checkpoint) and cannot be restored with a different parallelism",
+                    c.location
+                )));
+            }
+        }
         if c.metadata.max_parallelism != plan.max_parallelism {
             return Err(JobError::Restore(format!(
                 "checkpoint {} was taken with max parallelism {}, the job has {}; key groups cannot be remapped",
@@ -571,9 +622,15 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
             interval: config.checkpoint_interval.unwrap_or(Duration::from_secs(1)),
             timeout: config.checkpoint_timeout,
             min_pause: config.min_pause,
-            max_concurrent: config.max_concurrent_checkpoints.max(1),
+            // Unaligned checkpoints run one at a time (as in Flink).
+            max_concurrent: if config.unaligned_enabled {
+                1
+            } else {
+                config.max_concurrent_checkpoints.max(1)
+            },
             tolerable_failed: config.tolerable_failed_checkpoints,
             num_retained: config.num_retained.max(1),
+            barrier_kind: barrier_kind(config),
         };
         let min_next = restored.as_ref().map_or(1, |c| c.id() + 1);
         let mut c = CheckpointCoordinator::new(

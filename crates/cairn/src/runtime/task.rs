@@ -9,16 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, Select, Sender, TryRecvError};
 
 use super::chain::{Event, SourceStatus, TaskBody};
-use super::channel::{Barrier, Credit, Element, Mail};
+use super::channel::{Barrier, BarrierKind, Credit, Element, Mail};
 use super::gate::{GateAction, InputGate};
 use super::inject::FailureInjector;
 use crate::checkpoint::restore::TaskStateFile;
 use crate::checkpoint::{now_ms, TaskAck, TaskCheckpointStats};
 use crate::error::{TaskError, TaskResult};
-use crate::state::OperatorSnapshot;
+use crate::state::{ChannelStateData, OperatorSnapshot};
 use crate::storage::format::{encode, FileKind};
 use crate::storage::layout::checkpoint_dir;
 use crate::storage::CheckpointStorage;
@@ -129,6 +129,17 @@ pub struct TaskRuntime {
     pub body: Box<dyn TaskBody>,
     /// Mailbox.
     pub mailbox: Receiver<Mail>,
+    /// Priority mailbox: unaligned barriers, taken before anything else.
+    pub priority: Receiver<Mail>,
+    /// Aligned-checkpoint timeout (switch to unaligned after it), if configured.
+    pub aligned_timeout: Option<Duration>,
+    /// In-flight data restored from an unaligned checkpoint, replayed before new input.
+    pub restored_channels: Option<ChannelStateData>,
+    /// An unaligned snapshot waiting for its channel state.
+    pub held: Option<UploadJob>,
+    /// Mail taken out of the mailbox early (to record in-flight data at an unaligned cut);
+    /// processed before the mailbox.
+    pub inbox: std::collections::VecDeque<Mail>,
     /// Barrier alignment over the input channels (None for sources).
     pub gate: Option<InputGate>,
     /// Input port of each channel.
@@ -145,6 +156,8 @@ pub struct TaskRuntime {
     pub metrics: Arc<JobMetrics>,
     /// Whether checkpointing is on.
     pub checkpointing: bool,
+    /// Number of input channels (0 for sources).
+    pub gate_channels: usize,
 }
 
 impl TaskRuntime {
@@ -164,11 +177,15 @@ impl TaskRuntime {
         }
     }
 
-    fn checkpoint(&mut self, barrier: Barrier, alignment: Duration) -> TaskResult {
+    fn checkpoint(&mut self, barrier: Barrier, alignment: Duration, unaligned: bool) -> TaskResult {
         let t0 = Instant::now();
         let mut snapshots = Vec::new();
         self.body.snapshot(barrier.id, &mut snapshots)?;
-        self.body.emit(Event::Barrier(barrier))?;
+        self.body.emit(if unaligned {
+            Event::UnalignedBarrier(barrier)
+        } else {
+            Event::Barrier(barrier)
+        })?;
         snapshots.retain(|s| !s.is_empty());
         let stats = TaskCheckpointStats {
             task: self.name.clone(),
@@ -178,36 +195,117 @@ impl TaskRuntime {
             alignment_ms: alignment.as_millis() as u64,
             start_delay_ms: now_ms().saturating_sub(barrier.timestamp_ms),
             state_size: 0,
+            channel_state_size: 0,
+            unaligned,
         };
+        let job = UploadJob {
+            checkpoint_id: barrier.id,
+            task_index: self.index,
+            attempt: self.attempt,
+            file: format!("task-{}-{}", self.vertex, self.subtask),
+            snapshots,
+            stats,
+        };
+        if unaligned && self.gate_channels > 0 {
+            // The upload waits for the in-flight data (GateAction::ChannelState).
+            self.held = Some(job);
+            return Ok(());
+        }
+        self.submit(job)
+    }
+
+    /// Attaches the channel state of an unaligned checkpoint to its held snapshot and uploads it.
+    fn channel_state_done(
+        &mut self,
+        id: u64,
+        channels: Vec<(usize, Vec<Vec<u8>>)>,
+        bytes: u64,
+    ) -> TaskResult {
+        let Some(mut job) = self.held.take_if(|j| j.checkpoint_id == id) else {
+            return Ok(());
+        };
+        if !channels.is_empty() {
+            let data = ChannelStateData {
+                channels_total: self.gate_channels as u32,
+                channels: channels.into_iter().map(|(c, b)| (c as u32, b)).collect(),
+            };
+            match job.snapshots.iter_mut().find(|s| s.uid() == self.head_uid) {
+                Some(s) => s.set_channel_state(data),
+                None => {
+                    let mut s = OperatorSnapshot::new(self.head_uid.clone());
+                    s.set_channel_state(data);
+                    job.snapshots.insert(0, s);
+                }
+            }
+        }
+        job.stats.channel_state_size = bytes;
+        self.submit(job)
+    }
+
+    fn submit(&mut self, job: UploadJob) -> TaskResult {
+        let UploadJob {
+            checkpoint_id,
+            snapshots,
+            stats,
+            ..
+        } = &job;
         if snapshots.is_empty() {
             let _ = self.events.send(JobEvent::Ack(TaskAck {
-                checkpoint_id: barrier.id,
+                checkpoint_id: *checkpoint_id,
                 task_index: self.index,
                 attempt: self.attempt,
                 file: None,
                 uids: Vec::new(),
-                stats,
+                stats: stats.clone(),
             }));
             return Ok(());
         }
-        self.uploader
-            .send(UploadJob {
-                checkpoint_id: barrier.id,
-                task_index: self.index,
-                attempt: self.attempt,
-                file: format!("task-{}-{}", self.vertex, self.subtask),
-                snapshots,
-                stats,
-            })
-            .map_err(|_| TaskError::Cancelled)
+        self.uploader.send(job).map_err(|_| TaskError::Cancelled)
+    }
+
+    fn act(&mut self, action: GateAction) -> TaskResult {
+        match action {
+            GateAction::Snapshot {
+                barrier,
+                alignment,
+                unaligned,
+            } => self.checkpoint(barrier, alignment, unaligned),
+            GateAction::ChannelState {
+                id,
+                channels,
+                bytes,
+            } => self.channel_state_done(id, channels, bytes),
+            GateAction::Decline { id } => {
+                if self.held.as_ref().is_some_and(|j| j.checkpoint_id == id) {
+                    self.held = None;
+                }
+                let _ = self.events.send(JobEvent::Decline {
+                    checkpoint_id: id,
+                    attempt: self.attempt,
+                    reason: format!(
+                        "subtask '{}' #{} saw a newer barrier while aligning",
+                        self.name, self.subtask
+                    ),
+                });
+                Ok(())
+            }
+        }
     }
 
     fn control(&mut self, mail: Mail) -> TaskResult<bool> {
         match mail {
             Mail::CheckpointComplete(id) => self.body.notify_complete(id)?,
-            Mail::CheckpointAborted(id) => self.body.notify_aborted(id)?,
+            Mail::CheckpointAborted(id) => {
+                if self.held.as_ref().is_some_and(|j| j.checkpoint_id == id) {
+                    self.held = None;
+                }
+                self.body.notify_aborted(id)?
+            }
             Mail::Cancel => return Err(TaskError::Cancelled),
-            Mail::TriggerCheckpoint(b) => self.checkpoint(b, Duration::ZERO)?,
+            Mail::TriggerCheckpoint(b, kind) => {
+                self.checkpoint(b, Duration::ZERO, kind == BarrierKind::Unaligned)?
+            }
+            Mail::PriorityBarrier { .. } => {}
             Mail::EndOfInput => {
                 self.body.end_input(0)?;
                 self.body.emit(Event::EndOfStream)?;
@@ -259,10 +357,145 @@ impl TaskRuntime {
         }
     }
 
+    /// Waits for priority or regular mail, until `deadline` (None: timer expired).
+    fn wait(&self, deadline: Option<Instant>) -> TaskResult<Option<Mail>> {
+        let mut sel = Select::new();
+        let p = sel.recv(&self.priority);
+        sel.recv(&self.mailbox);
+        let oper = match deadline {
+            Some(d) => match sel.select_deadline(d) {
+                Ok(o) => o,
+                Err(_) => return Ok(None),
+            },
+            None => sel.select(),
+        };
+        let mail = if oper.index() == p {
+            oper.recv(&self.priority)
+        } else {
+            oper.recv(&self.mailbox)
+        };
+        mail.map(Some).map_err(|_| TaskError::Cancelled)
+    }
+
+    /// Records, without waiting to process them, the queued batches that are in flight at the
+    /// pending unaligned cut: takes the mailbox's content into the inbox and serializes every
+    /// queued batch that precedes its channel's barrier. Bounded by the channels' credits.
+    fn capture_in_flight(&mut self, gate: &mut InputGate) -> TaskResult {
+        if gate.pending_unaligned().is_none() {
+            return Ok(());
+        }
+        while let Ok(m) = self.mailbox.try_recv() {
+            self.inbox.push_back(m);
+        }
+        // A batch taken from the mailbox may have been sent after its channel's priority
+        // barrier; that barrier is in the priority mailbox by now, so take it first.
+        self.drain_priority(gate)?;
+        let Some(id) = gate.pending_unaligned() else {
+            return Ok(());
+        };
+        let channels = self.channel_ports.len();
+        let mut next: Vec<Option<u64>> = (0..channels).map(|c| gate.capture_start(c)).collect();
+        let mut stopped = vec![false; channels];
+        let mut captured = Vec::new();
+        for mail in &self.inbox {
+            let Mail::Data { channel, element } = mail else {
+                continue;
+            };
+            let c = *channel;
+            if stopped[c] {
+                continue;
+            }
+            match element {
+                Element::Batch(batch) => {
+                    if let Some(seq) = next[c].as_mut() {
+                        *seq += 1;
+                        if gate.should_capture(c, *seq) {
+                            captured.push((
+                                c,
+                                *seq,
+                                self.body.encode_batch(self.channel_ports[c], &**batch)?,
+                            ));
+                        }
+                    }
+                }
+                // Whatever follows the barrier of this checkpoint is after the cut.
+                Element::Barrier(b) if b.id >= id => stopped[c] = true,
+                _ => {}
+            }
+        }
+        for (c, seq, bytes) in captured {
+            gate.capture(c, seq, bytes);
+        }
+        if let Some(a) = gate.check_channel_state() {
+            self.act(a)?;
+        }
+        Ok(())
+    }
+
+    /// Applies every priority barrier already sent (without capturing).
+    fn drain_priority(&mut self, gate: &mut InputGate) -> TaskResult {
+        while let Ok(m) = self.priority.try_recv() {
+            match m {
+                Mail::PriorityBarrier {
+                    channel,
+                    barrier,
+                    batches_before,
+                } => {
+                    for a in gate.on_priority_barrier(channel, barrier, batches_before) {
+                        self.act(a)?;
+                    }
+                }
+                other => {
+                    self.control(other)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_priority_barrier(
+        &mut self,
+        gate: &mut InputGate,
+        channel: usize,
+        barrier: Barrier,
+        before: u64,
+    ) -> TaskResult {
+        for a in gate.on_priority_barrier(channel, barrier, before) {
+            self.act(a)?;
+        }
+        self.capture_in_flight(gate)
+    }
+
+    fn replay_channel_state(&mut self) -> TaskResult {
+        let Some(state) = self.restored_channels.take() else {
+            return Ok(());
+        };
+        if state.channels_total as usize != self.channel_ports.len() {
+            return Err(TaskError::msg(format!(
+                "task '{}' #{}: the checkpoint holds in-flight data for {} input channels, the task has {}; \
+                 an unaligned checkpoint cannot be restored with changed parallelism",
+                self.name,
+                self.subtask,
+                state.channels_total,
+                self.channel_ports.len()
+            )));
+        }
+        for (ch, batches) in state.channels {
+            let port = self.channel_ports[ch as usize];
+            for bytes in batches {
+                let batch = self.body.decode_batch(port, &bytes)?;
+                self.body.process(port, batch)?;
+            }
+        }
+        Ok(())
+    }
+
     fn run_operator(&mut self) -> TaskResult {
         let Some(mut gate) = self.gate.take() else {
             return Err(TaskError::msg("operator task without input gate"));
         };
+        // In-flight data of the restored checkpoint goes before any new input.
+        self.replay_channel_state()?;
         let ports = self
             .channel_ports
             .iter()
@@ -274,22 +507,65 @@ impl TaskRuntime {
             open_per_port[p] += 1;
         }
         loop {
+            if let Some(d) = gate.deadline() {
+                if Instant::now() >= d {
+                    for a in gate.on_timer(Instant::now()) {
+                        self.act(a)?;
+                    }
+                    self.capture_in_flight(&mut gate)?;
+                }
+            }
+            // Unaligned barriers overtake everything queued.
+            match self.priority.try_recv() {
+                Ok(Mail::PriorityBarrier {
+                    channel,
+                    barrier,
+                    batches_before,
+                }) => {
+                    self.on_priority_barrier(&mut gate, channel, barrier, batches_before)?;
+                    continue;
+                }
+                Ok(other) => {
+                    self.control(other)?;
+                    continue;
+                }
+                Err(_) => {}
+            }
             let (ch, element) = match gate.next_parked() {
                 Some(x) => x,
                 None => {
-                    let mail = match self.mailbox.try_recv() {
-                        Ok(m) => m,
-                        Err(TryRecvError::Empty) => {
-                            self.body.flush()?;
-                            self.mailbox.recv().map_err(|_| TaskError::Cancelled)?
-                        }
-                        Err(TryRecvError::Disconnected) => return Err(TaskError::Cancelled),
+                    let mail = match self.inbox.pop_front() {
+                        Some(m) => m,
+                        None => match self.mailbox.try_recv() {
+                            Ok(m) => m,
+                            Err(TryRecvError::Empty) => {
+                                self.body.flush()?;
+                                match self.wait(gate.deadline())? {
+                                    Some(m) => m,
+                                    None => continue,
+                                }
+                            }
+                            Err(TryRecvError::Disconnected) => return Err(TaskError::Cancelled),
+                        },
                     };
                     match mail {
                         Mail::Data { channel, element } => match gate.accept(channel, element) {
                             Some(e) => (channel, e),
                             None => continue,
                         },
+                        Mail::PriorityBarrier {
+                            channel,
+                            barrier,
+                            batches_before,
+                        } => {
+                            self.on_priority_barrier(&mut gate, channel, barrier, batches_before)?;
+                            continue;
+                        }
+                        Mail::CheckpointAborted(id) => {
+                            gate.abort(id);
+                            self.control(Mail::CheckpointAborted(id))?;
+                            continue;
+                        }
                         other => {
                             self.control(other)?;
                             continue;
@@ -301,28 +577,34 @@ impl TaskRuntime {
             match element {
                 Element::Batch(batch) => {
                     self.credits[ch].release();
+                    if gate.pending_unaligned().is_some() && !gate.barrier_seen(ch) {
+                        // Is this batch before or after its channel's barrier? If after, the
+                        // barrier was sent before it and is waiting in the priority mailbox.
+                        self.drain_priority(&mut gate)?;
+                    }
+                    let recorded = if gate.before_batch(ch) {
+                        Some(self.body.encode_batch(port, &*batch)?)
+                    } else {
+                        None
+                    };
                     let n = self.body.process(port, batch)?;
                     self.inject(n)?;
+                    if let Some(a) = gate.after_batch(ch, recorded) {
+                        self.act(a)?;
+                    }
                 }
-                Element::Barrier(b) => match gate.on_barrier(ch, b) {
-                    GateAction::Snapshot { barrier, alignment } => {
-                        self.checkpoint(barrier, alignment)?
+                Element::Barrier(b) => {
+                    let was_unaligned = gate.pending_unaligned().is_some();
+                    for a in gate.on_barrier(ch, b, self.aligned_timeout) {
+                        self.act(a)?;
                     }
-                    GateAction::Decline { id } => {
-                        let _ = self.events.send(JobEvent::Decline {
-                            checkpoint_id: id,
-                            attempt: self.attempt,
-                            reason: format!(
-                                "subtask '{}' #{} saw a newer barrier while aligning",
-                                self.name, self.subtask
-                            ),
-                        });
+                    if !was_unaligned {
+                        self.capture_in_flight(&mut gate)?;
                     }
-                    GateAction::None => {}
-                },
+                }
                 Element::EndOfStream => {
-                    if let GateAction::Snapshot { barrier, alignment } = gate.on_end_of_stream(ch) {
-                        self.checkpoint(barrier, alignment)?;
+                    for a in gate.on_end_of_stream(ch) {
+                        self.act(a)?;
                     }
                     open_per_port[port] -= 1;
                     if open_per_port[port] == 0 {
@@ -335,5 +617,125 @@ impl TaskRuntime {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::runtime::chain::{Chain, Link, NullChain, OneInputBody, Operator};
+
+    struct Record(Arc<Mutex<Vec<u32>>>);
+
+    impl Operator<u32, ()> for Record {
+        fn process(&mut self, input: &mut Vec<u32>, _out: &mut Vec<()>) -> TaskResult {
+            self.0.lock().unwrap().extend(input.drain(..));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn restored_channel_state_is_replayed_before_new_input() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let chain: Box<dyn Chain<u32>> =
+            Box::new(Link::new(Record(seen.clone()), Box::new(NullChain)));
+        let (mail_tx, mailbox) = crossbeam_channel::unbounded();
+        let (_prio_tx, priority) = crossbeam_channel::unbounded();
+        let (events, _events_rx) = crossbeam_channel::unbounded();
+        let (uploader, _uploads) = crossbeam_channel::unbounded();
+        // New input is already waiting when the task starts.
+        mail_tx
+            .send(Mail::Data {
+                channel: 1,
+                element: Element::Batch(Box::new(vec![100u32])),
+            })
+            .unwrap();
+        for channel in 0..2 {
+            mail_tx
+                .send(Mail::Data {
+                    channel,
+                    element: Element::EndOfStream,
+                })
+                .unwrap();
+        }
+        let enc = |v: Vec<u32>| postcard::to_stdvec(&v).unwrap();
+        let rt = TaskRuntime {
+            index: 0,
+            vertex: 0,
+            name: "test".into(),
+            head_uid: "op".into(),
+            subtask: 0,
+            attempt: 0,
+            body: Box::new(OneInputBody::new(chain)),
+            mailbox,
+            priority,
+            aligned_timeout: None,
+            restored_channels: Some(ChannelStateData {
+                channels_total: 2,
+                channels: vec![
+                    (0, vec![enc(vec![1, 2]), enc(vec![3])]),
+                    (1, vec![enc(vec![4])]),
+                ],
+            }),
+            held: None,
+            inbox: Default::default(),
+            gate: Some(InputGate::new(
+                2,
+                crate::runtime::gate::AlignmentMode::Aligned,
+            )),
+            channel_ports: vec![0, 0],
+            credits: vec![Credit::new(8), Credit::new(8)],
+            events,
+            uploader,
+            injector: None,
+            metrics: Arc::default(),
+            checkpointing: true,
+            gate_channels: 2,
+        };
+        rt.run().unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3, 4, 100]);
+    }
+
+    #[test]
+    fn channel_state_of_another_layout_is_refused() {
+        let chain: Box<dyn Chain<u32>> = Box::new(NullChain);
+        let (_mail_tx, mailbox) = crossbeam_channel::unbounded();
+        let (_prio_tx, priority) = crossbeam_channel::unbounded();
+        let (events, _e) = crossbeam_channel::unbounded();
+        let (uploader, _u) = crossbeam_channel::unbounded();
+        let rt = TaskRuntime {
+            index: 0,
+            vertex: 0,
+            name: "test".into(),
+            head_uid: "op".into(),
+            subtask: 0,
+            attempt: 0,
+            body: Box::new(OneInputBody::new(chain)),
+            mailbox,
+            priority,
+            aligned_timeout: None,
+            restored_channels: Some(ChannelStateData {
+                channels_total: 3,
+                channels: vec![],
+            }),
+            held: None,
+            inbox: Default::default(),
+            gate: Some(InputGate::new(
+                1,
+                crate::runtime::gate::AlignmentMode::Aligned,
+            )),
+            channel_ports: vec![0],
+            credits: vec![Credit::new(8)],
+            events,
+            uploader,
+            injector: None,
+            metrics: Arc::default(),
+            checkpointing: true,
+            gate_channels: 1,
+        };
+        let err = rt.run().unwrap_err().to_string();
+        assert!(err.contains("changed parallelism"), "{err}");
     }
 }

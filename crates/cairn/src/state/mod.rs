@@ -47,6 +47,17 @@ pub struct OperatorStateData {
     pub keyed: Vec<KeyedTableData>,
     /// Operator list states: name → entries (source splits, pending sink transactions, ...).
     pub operator: Vec<(String, Vec<Vec<u8>>)>,
+    /// In-flight input data of an unaligned checkpoint (only on a task's head operator).
+    pub channel: Option<ChannelStateData>,
+}
+
+/// The input channel state of one subtask in an unaligned checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ChannelStateData {
+    /// How many input channels the subtask had (the layout must match on restore).
+    pub channels_total: u32,
+    /// Per input channel index, its in-flight batches (serialized), in order.
+    pub channels: Vec<(u32, Vec<Vec<u8>>)>,
 }
 
 type DeferredTable = Box<dyn FnOnce() -> TaskResult<KeyedTableData> + Send>;
@@ -57,6 +68,7 @@ pub struct OperatorSnapshot {
     uid: String,
     operator: Vec<(String, Vec<Vec<u8>>)>,
     keyed: Vec<DeferredTable>,
+    channel: Option<ChannelStateData>,
 }
 
 impl OperatorSnapshot {
@@ -66,7 +78,18 @@ impl OperatorSnapshot {
             uid: uid.into(),
             operator: Vec::new(),
             keyed: Vec::new(),
+            channel: None,
         }
+    }
+
+    /// The operator's uid.
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// Attaches the in-flight input data of an unaligned checkpoint.
+    pub fn set_channel_state(&mut self, channel: ChannelStateData) {
+        self.channel = Some(channel);
     }
 
     /// Adds an operator list state.
@@ -77,7 +100,7 @@ impl OperatorSnapshot {
 
     /// Whether the snapshot holds nothing (stateless operator).
     pub fn is_empty(&self) -> bool {
-        self.operator.is_empty() && self.keyed.is_empty()
+        self.operator.is_empty() && self.keyed.is_empty() && self.channel.is_none()
     }
 
     /// Runs the asynchronous part: serializes the copied tables.
@@ -90,6 +113,7 @@ impl OperatorSnapshot {
             uid: self.uid,
             keyed,
             operator: self.operator,
+            channel: self.channel,
         })
     }
 }
@@ -102,6 +126,8 @@ pub struct RestoredState {
     pub keyed: StdHashMap<String, Vec<(u32, Vec<u8>)>>,
     /// Operator list states by name.
     pub operator: StdHashMap<String, Vec<Vec<u8>>>,
+    /// In-flight input data to replay before any new input (unaligned checkpoints).
+    pub channel: Option<ChannelStateData>,
 }
 
 impl RestoredState {

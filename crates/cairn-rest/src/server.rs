@@ -1,0 +1,367 @@
+//! The HTTP server: routes, errors, the bearer token check, and the background thread.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use cairn::runtime::JobStatus;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tracing::{debug, error, info};
+
+use crate::body;
+use crate::registry::JobRegistry;
+
+/// How long [`RestServer::shutdown`] lets requests in flight finish before dropping them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RestError {
+    /// The address cannot be bound (in use, not local, no permission).
+    #[error("cannot listen on {addr} for the REST API: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The runtime or thread of the server could not be created.
+    #[error("cannot start the REST API server on {addr}: {source}")]
+    Start {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What failed.
+        source: io::Error,
+    },
+    /// A bearer token was given but is empty (it would let everyone in).
+    #[error("the REST API bearer token is empty")]
+    EmptyToken,
+}
+
+/// A running server. Dropping it shuts it down, as [`RestServer::shutdown`] does.
+#[derive(Debug)]
+pub struct RestServer {
+    local_addr: SocketAddr,
+    stop: Option<watch::Sender<bool>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RestServer {
+    /// The address the server listens on (with the actual port if port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, lets requests in flight finish (up to a short grace period), and
+    /// waits for the server thread to end.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            // An error means the server already ended.
+            let _ = stop.send(true);
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                error!("REST API server thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for RestServer {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+/// Binds `addr` now (so a bad or busy address is an `Err` here) and serves the jobs of
+/// `registry` on a background thread with its own tokio runtime until the returned handle is
+/// shut down or dropped. With `token`, every request needs `Authorization: Bearer <token>`.
+pub fn serve(
+    addr: SocketAddr,
+    registry: JobRegistry,
+    token: Option<String>,
+) -> Result<RestServer, RestError> {
+    if token.as_deref().is_some_and(str::is_empty) {
+        return Err(RestError::EmptyToken);
+    }
+    let start_err = |source| RestError::Start { addr, source };
+    let std_listener =
+        std::net::TcpListener::bind(addr).map_err(|source| RestError::Bind { addr, source })?;
+    let local_addr = std_listener.local_addr().map_err(start_err)?;
+    std_listener.set_nonblocking(true).map_err(start_err)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("cairn-rest-worker")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(start_err)?;
+    let listener = {
+        let _guard = runtime.enter();
+        tokio::net::TcpListener::from_std(std_listener).map_err(start_err)?
+    };
+    let app = router(registry, token);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let thread = std::thread::Builder::new()
+        .name("cairn-rest".into())
+        .spawn(move || {
+            runtime.block_on(run(listener, app, stop_rx));
+            runtime.shutdown_timeout(Duration::from_millis(100));
+            debug!("REST API on {local_addr} stopped");
+        })
+        .map_err(start_err)?;
+    debug!("REST API listening on {local_addr}");
+    Ok(RestServer {
+        local_addr,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
+}
+
+/// Serves until told to stop; then stops accepting and gives requests in flight
+/// [`SHUTDOWN_GRACE`] to finish.
+async fn run(listener: tokio::net::TcpListener, app: Router, stop: watch::Receiver<bool>) {
+    let mut graceful = stop.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        // An error means the handle is gone: stop too.
+        let _ = graceful.wait_for(|s| *s).await;
+    });
+    let mut hard = stop;
+    let deadline = async move {
+        let _ = hard.wait_for(|s| *s).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        result = server => {
+            if let Err(e) = result {
+                error!("REST API server failed: {e}");
+            }
+        }
+        () = deadline => debug!("REST API: requests still in flight after {SHUTDOWN_GRACE:?} dropped"),
+    }
+}
+
+fn router(registry: JobRegistry, token: Option<String>) -> Router {
+    let router = Router::new()
+        .route("/jobs", get(list_jobs))
+        .route("/jobs/{jid}", get(job_details).patch(patch_job))
+        .route("/jobs/{jid}/checkpoints", get(checkpoints))
+        .route("/jobs/{jid}/checkpoints/config", get(checkpoint_config))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(registry);
+    match token {
+        Some(token) => router.layer(middleware::from_fn_with_state(
+            Arc::<str>::from(token),
+            require_token,
+        )),
+        None => router,
+    }
+}
+
+/// An error answer: `{"errors":[message]}` with a status, as Flink's.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "errors": [self.message] }))).into_response()
+    }
+}
+
+impl From<serde_json::Error> for ApiError {
+    fn from(e: serde_json::Error) -> Self {
+        error!("REST API: cannot encode a response: {e}");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the response: {e}"),
+        )
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, e.body_text())
+    }
+}
+
+type ApiResult = Result<Json<Value>, ApiError>;
+
+fn lookup(registry: &JobRegistry, jid: &str) -> Result<Arc<JobStatus>, ApiError> {
+    registry
+        .get(jid)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("job {jid} not found")))
+}
+
+async fn list_jobs(State(registry): State<JobRegistry>) -> ApiResult {
+    let jobs = registry
+        .list()
+        .iter()
+        .map(|s| body::job_overview(&s.view()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(json!({ "jobs": jobs })))
+}
+
+async fn job_details(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+) -> ApiResult {
+    let Path(jid) = jid?;
+    let view = lookup(&registry, &jid)?.view();
+    Ok(Json(body::job_details(&view, cairn::checkpoint::now_ms())?))
+}
+
+async fn checkpoints(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+) -> ApiResult {
+    let Path(jid) = jid?;
+    let view = lookup(&registry, &jid)?.view();
+    Ok(Json(body::checkpoints(&view)?))
+}
+
+async fn checkpoint_config(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+) -> ApiResult {
+    let Path(jid) = jid?;
+    let view = lookup(&registry, &jid)?.view();
+    Ok(Json(body::checkpoint_config(&view)))
+}
+
+#[derive(Debug, Deserialize)]
+struct TerminationQuery {
+    /// Flink's termination mode; `cancel` (the default) is the only one.
+    mode: Option<String>,
+}
+
+async fn patch_job(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+    query: Result<Query<TerminationQuery>, QueryRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Path(jid) = jid?;
+    let Query(query) = query?;
+    match query.mode.as_deref() {
+        None | Some("cancel") => {}
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("unsupported termination mode '{other}'; only 'cancel' is supported"),
+            ))
+        }
+    }
+    let status = lookup(&registry, &jid)?;
+    let state = status.view().state;
+    if state.is_terminal() {
+        let name = serde_json::to_value(state)?;
+        let name = name.as_str().unwrap_or("terminal");
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("job {jid} is already {name} and cannot be cancelled"),
+        ));
+    }
+    status.request_cancel();
+    info!("cancel of job {jid} requested through the REST API");
+    Ok((StatusCode::ACCEPTED, Json(json!({}))))
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("not found: {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// Lets a request through only with `Authorization: Bearer <token>`.
+async fn require_token(State(token): State<Arc<str>>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token);
+    if given.is_some_and(|g| constant_time_eq(token.as_bytes(), g.as_bytes())) {
+        return next.run(request).await;
+    }
+    let mut response =
+        ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong bearer token").into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// The token of an `Authorization` value with the `Bearer` scheme (case-insensitive).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Compares in time that depends on the length of `expected` only, not on where `given`
+/// differs.
+fn constant_time_eq(expected: &[u8], given: &[u8]) -> bool {
+    let mut diff = u8::from(expected.len() != given.len());
+    for (i, e) in expected.iter().enumerate() {
+        diff |= e ^ given.get(i).copied().unwrap_or(!e);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer  abc "), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"secret", b"secre"));
+        assert!(!constant_time_eq(b"secret", b""));
+    }
+}

@@ -1,0 +1,542 @@
+//! The REST API over real HTTP on 127.0.0.1, against job statuses filled by hand.
+//!
+//! The client is hand-written HTTP/1.1 over `std::net::TcpStream` (`Connection: close`), so
+//! these tests see exactly what goes over the wire.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn::checkpoint::{CheckpointMetadata, TaskCheckpointStats};
+use cairn::config::{keys, JobConfig};
+use cairn::runtime::{JobState, JobStatus};
+use cairn_rest::{serve, JobRegistry, RestError, RestServer};
+use serde_json::{json, Value};
+
+// ---------------------------------------------------------------------------------------------
+// A tiny HTTP client
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Asserts a Flink-style error: the status and `{"errors":[msg]}` with msg containing `part`.
+    fn assert_error(&self, status: u16, part: &str) {
+        assert_eq!(self.status, status, "{self:?}");
+        let errors = self.body["errors"].as_array().expect("errors array");
+        assert_eq!(errors.len(), 1, "{self:?}");
+        let msg = errors[0].as_str().expect("error message is a string");
+        assert!(msg.contains(part), "error {msg:?} should contain {part:?}");
+        assert_eq!(self.body.as_object().map(|o| o.len()), Some(1), "{self:?}");
+    }
+}
+
+fn request(addr: SocketAddr, method: &str, path: &str, auth: Option<&str>) -> Reply {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read reply");
+    parse_reply(&raw)
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("end of headers");
+    let head = std::str::from_utf8(&raw[..split]).expect("UTF-8 head");
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().expect("status line");
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    if chunked {
+        body = dechunk(&body);
+    }
+    let body = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&body)
+            )
+        })
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let eol = data
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("chunk size");
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&data[..eol]).expect("hex").trim(), 16)
+                .expect("chunk size");
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[eol + 2..eol + 2 + size]);
+        data = &data[eol + 2 + size + 2..];
+    }
+}
+
+fn get(addr: SocketAddr, path: &str) -> Reply {
+    request(addr, "GET", path, None)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+// ---------------------------------------------------------------------------------------------
+
+const RUNNING: &str = "0123456789abcdef0123456789abcdef";
+const FINISHED: &str = "fedcba9876543210fedcba9876543210";
+
+fn metadata(id: u64, trigger: u64) -> CheckpointMetadata {
+    CheckpointMetadata {
+        job_id: RUNNING.into(),
+        job_name: "wordcount".into(),
+        checkpoint_id: id,
+        trigger_timestamp_ms: trigger,
+        completed_timestamp_ms: trigger + 40 + id,
+        max_parallelism: 128,
+        operators: Vec::new(),
+        state_size: 1000 * id,
+        tasks: vec![
+            TaskCheckpointStats {
+                task: "Source: words -> Map".into(),
+                subtask: 0,
+                sync_ms: 1,
+                async_ms: 2,
+                alignment_ms: 0,
+                start_delay_ms: 3,
+                state_size: 10 * id,
+                ..TaskCheckpointStats::default()
+            },
+            TaskCheckpointStats {
+                task: "counts -> Sink".into(),
+                subtask: 1,
+                sync_ms: 4,
+                async_ms: 5,
+                alignment_ms: 6,
+                start_delay_ms: 7,
+                state_size: 990 * id,
+                ..TaskCheckpointStats::default()
+            },
+        ],
+    }
+}
+
+/// A running job with 3 completed checkpoints, and a finished one with none.
+fn registry() -> (JobRegistry, Arc<JobStatus>, Arc<JobStatus>) {
+    let mut config = JobConfig::default();
+    config
+        .set_all([
+            (keys::CHECKPOINT_INTERVAL, "100ms"),
+            (keys::CHECKPOINTING_MODE, "at-least-once"),
+            (keys::CHECKPOINT_TIMEOUT, "1min"),
+            (keys::MIN_PAUSE, "20ms"),
+            (keys::MAX_CONCURRENT_CHECKPOINTS, "2"),
+            (keys::TOLERABLE_FAILED_CHECKPOINTS, "3"),
+            (keys::NUM_RETAINED, "4"),
+            (keys::CHECKPOINTS_DIR, "/tmp/cairn-ckpt"),
+        ])
+        .expect("valid configuration");
+    let running = JobStatus::new(RUNNING.into(), "wordcount".into(), config.describe());
+    running.set_state(JobState::Running);
+    running.update(|v| {
+        v.restarts = 2;
+        v.failure_cause = Some("injected failure".into());
+        v.checkpoint_counts.triggered = 5;
+        v.checkpoint_counts.in_progress = 1;
+        v.checkpoint_counts.completed = 3;
+        v.checkpoint_counts.failed = 1;
+    });
+    for id in 1..=3 {
+        running.checkpoint_completed(metadata(id, 1_700_000_000_000 + 100 * id));
+    }
+    let finished = JobStatus::new(
+        FINISHED.into(),
+        "other".into(),
+        JobConfig::default().describe(),
+    );
+    finished.set_state(JobState::Running);
+    finished.set_state(JobState::Finished);
+    let reg = JobRegistry::new();
+    reg.register(running.clone());
+    reg.register(finished.clone());
+    (reg, running, finished)
+}
+
+fn server(reg: JobRegistry, token: Option<&str>) -> RestServer {
+    serve(
+        "127.0.0.1:0".parse().expect("address"),
+        reg,
+        token.map(str::to_string),
+    )
+    .expect("server starts")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Endpoints
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn jobs_overview_lists_every_job_with_its_state() {
+    let (reg, _, _) = registry();
+    let srv = server(reg, None);
+    let r = get(srv.local_addr(), "/jobs");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("application/json")));
+    assert_eq!(
+        r.body,
+        json!({"jobs": [
+            {"id": RUNNING, "status": "RUNNING"},
+            {"id": FINISHED, "status": "FINISHED"},
+        ]})
+    );
+}
+
+#[test]
+fn job_details_of_running_and_finished_jobs() {
+    let (reg, running, finished) = registry();
+    let srv = server(reg, None);
+
+    let r = get(srv.local_addr(), &format!("/jobs/{RUNNING}"));
+    assert_eq!(r.status, 200, "{r:?}");
+    let b = &r.body;
+    let mut fields: Vec<&str> = b
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "duration",
+            "end-time",
+            "failure-cause",
+            "jid",
+            "name",
+            "restarts",
+            "start-time",
+            "state"
+        ]
+    );
+    assert_eq!(b["jid"], RUNNING);
+    assert_eq!(b["name"], "wordcount");
+    assert_eq!(b["state"], "RUNNING");
+    assert_eq!(b["start-time"], running.view().start_time);
+    assert_eq!(b["end-time"], -1);
+    assert!(b["duration"].as_u64().is_some());
+    assert_eq!(b["restarts"], 2);
+    assert_eq!(b["failure-cause"], "injected failure");
+
+    let r = get(srv.local_addr(), &format!("/jobs/{FINISHED}"));
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = finished.view();
+    let end = v.end_time.expect("a finished job has an end time");
+    assert_eq!(r.body["state"], "FINISHED");
+    assert_eq!(r.body["end-time"], end);
+    assert_eq!(r.body["duration"], end - v.start_time);
+    assert_eq!(r.body["failure-cause"], Value::Null);
+}
+
+#[test]
+fn checkpoints_show_counts_latest_and_history_newest_first() {
+    let (reg, _, _) = registry();
+    let srv = server(reg, None);
+    let r = get(srv.local_addr(), &format!("/jobs/{RUNNING}/checkpoints"));
+    assert_eq!(r.status, 200, "{r:?}");
+    let b = &r.body;
+    assert_eq!(
+        b["counts"],
+        json!({"triggered": 5, "in_progress": 1, "completed": 3, "failed": 1})
+    );
+    let history = b["history"].as_array().expect("history");
+    let ids: Vec<u64> = history.iter().filter_map(|h| h["id"].as_u64()).collect();
+    assert_eq!(ids, [3, 2, 1]);
+    assert_eq!(b["latest"]["completed"], history[0]);
+
+    let newest = &history[0];
+    let meta = metadata(3, 1_700_000_000_300);
+    assert_eq!(newest["status"], "COMPLETED");
+    assert_eq!(newest["trigger_timestamp"], meta.trigger_timestamp_ms);
+    assert_eq!(newest["latest_ack_timestamp"], meta.completed_timestamp_ms);
+    assert_eq!(newest["end_to_end_duration"], 43);
+    assert_eq!(newest["state_size"], 3000);
+    // Per-task statistics are the struct as serde serializes it, whatever fields it has.
+    assert_eq!(
+        newest["tasks"],
+        serde_json::to_value(&meta.tasks).expect("stats serialize")
+    );
+    assert_eq!(newest["tasks"][1]["task"], "counts -> Sink");
+    assert_eq!(newest["tasks"][1]["subtask"], 1);
+    assert_eq!(newest["tasks"][1]["alignment_ms"], 6);
+    assert_eq!(newest["tasks"][1]["start_delay_ms"], 7);
+    // Storage layout and identity are not repeated per checkpoint.
+    for hidden in ["operators", "job_id", "job_name", "checkpoint_id"] {
+        assert!(newest.get(hidden).is_none(), "{hidden} in {newest}");
+    }
+}
+
+#[test]
+fn checkpoints_of_a_job_without_any() {
+    let (reg, _, _) = registry();
+    let srv = server(reg, None);
+    let r = get(srv.local_addr(), &format!("/jobs/{FINISHED}/checkpoints"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.body,
+        json!({
+            "counts": {"triggered": 0, "in_progress": 0, "completed": 0, "failed": 0},
+            "latest": {"completed": null},
+            "history": [],
+        })
+    );
+}
+
+#[test]
+fn checkpoint_config_is_typed_like_flink() {
+    let (reg, _, _) = registry();
+    let srv = server(reg, None);
+    let r = get(
+        srv.local_addr(),
+        &format!("/jobs/{RUNNING}/checkpoints/config"),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.body,
+        json!({
+            "mode": "at_least_once",
+            "interval": 100,
+            "timeout": 60_000,
+            "min_pause": 20,
+            "max_concurrent": 2,
+            "tolerable_failed": 3,
+            "unaligned": false,
+            "aligned_checkpoint_timeout": 0,
+            "num_retained": 4,
+            "checkpoint_dir": "/tmp/cairn-ckpt",
+        })
+    );
+    let r = get(
+        srv.local_addr(),
+        &format!("/jobs/{FINISHED}/checkpoints/config"),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["mode"], "exactly_once");
+    assert_eq!(r.body["checkpoint_dir"], Value::Null);
+}
+
+#[test]
+fn unknown_jobs_paths_and_methods_are_flink_errors() {
+    let (reg, _, _) = registry();
+    let srv = server(reg, None);
+    let addr = srv.local_addr();
+    for path in [
+        "/jobs/nope",
+        "/jobs/nope/checkpoints",
+        "/jobs/nope/checkpoints/config",
+    ] {
+        get(addr, path).assert_error(404, "job nope not found");
+    }
+    request(addr, "PATCH", "/jobs/nope?mode=cancel", None).assert_error(404, "job nope not found");
+    get(addr, "/overview").assert_error(404, "not found: /overview");
+    get(addr, &format!("/jobs/{RUNNING}/vertices")).assert_error(404, "not found");
+    request(addr, "DELETE", "/jobs", None).assert_error(405, "DELETE");
+}
+
+#[test]
+fn cancel_sets_the_flag_and_answers_202() {
+    let (reg, running, _) = registry();
+    let srv = server(reg, None);
+    let addr = srv.local_addr();
+
+    let r = request(addr, "PATCH", &format!("/jobs/{RUNNING}?mode=stop"), None);
+    r.assert_error(400, "unsupported termination mode 'stop'");
+    assert!(!running.cancel_requested());
+
+    let r = request(addr, "PATCH", &format!("/jobs/{RUNNING}?mode=cancel"), None);
+    assert_eq!(r.status, 202, "{r:?}");
+    assert_eq!(r.body, json!({}));
+    assert!(running.cancel_requested());
+    // Asking again while the job winds down is fine; `mode` defaults to cancel as in Flink.
+    let r = request(addr, "PATCH", &format!("/jobs/{RUNNING}"), None);
+    assert_eq!(r.status, 202, "{r:?}");
+}
+
+#[test]
+fn cancelling_an_ended_job_is_a_conflict() {
+    let (reg, _, finished) = registry();
+    let srv = server(reg, None);
+    let r = request(
+        srv.local_addr(),
+        "PATCH",
+        &format!("/jobs/{FINISHED}?mode=cancel"),
+        None,
+    );
+    r.assert_error(409, "already FINISHED");
+    assert!(!finished.cancel_requested());
+}
+
+#[test]
+fn a_status_registered_before_its_job_id_is_known_is_found_by_the_new_id() {
+    let reg = JobRegistry::new();
+    let status = JobStatus::new(String::new(), "wordcount".into(), Vec::new());
+    reg.register(status.clone());
+    let srv = server(reg, None);
+    status.update(|v| v.jid = RUNNING.into());
+    status.set_state(JobState::Running);
+    let r = get(srv.local_addr(), &format!("/jobs/{RUNNING}"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["state"], "RUNNING");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bearer token
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn token_is_required_on_every_path_and_checked() {
+    let (reg, running, _) = registry();
+    let srv = server(reg, Some("s3cret-token"));
+    let addr = srv.local_addr();
+
+    for (auth, path) in [
+        (None, "/jobs"),
+        (Some("Bearer wrong"), "/jobs"),
+        (Some("Bearer s3cret-toke"), "/jobs"),
+        (Some("Bearer s3cret-token2"), "/jobs"),
+        (Some("Basic s3cret-token"), "/jobs"),
+        (Some("s3cret-token"), "/jobs"),
+        (None, "/no/such/path"),
+        (None, "/jobs/nope"),
+    ] {
+        let r = request(addr, "GET", path, auth);
+        r.assert_error(401, "missing or wrong bearer token");
+        assert_eq!(r.body, json!({"errors": ["missing or wrong bearer token"]}));
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    }
+    let r = request(
+        addr,
+        "PATCH",
+        &format!("/jobs/{RUNNING}?mode=cancel"),
+        Some("Bearer nope"),
+    );
+    assert_eq!(r.status, 401);
+    assert!(
+        !running.cancel_requested(),
+        "a rejected request must not cancel"
+    );
+
+    let r = request(addr, "GET", "/jobs", Some("Bearer s3cret-token"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["jobs"].as_array().map(Vec::len), Some(2));
+    let r = request(addr, "GET", "/jobs/nope", Some("bearer s3cret-token"));
+    r.assert_error(404, "job nope not found");
+    let r = request(
+        addr,
+        "PATCH",
+        &format!("/jobs/{RUNNING}?mode=cancel"),
+        Some("Bearer s3cret-token"),
+    );
+    assert_eq!(r.status, 202, "{r:?}");
+    assert!(running.cancel_requested());
+}
+
+#[test]
+fn an_empty_token_is_refused() {
+    let err = serve(
+        "127.0.0.1:0".parse().expect("address"),
+        JobRegistry::new(),
+        Some(String::new()),
+    )
+    .expect_err("an empty token must not start a server");
+    assert!(matches!(err, RestError::EmptyToken), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn binding_an_address_in_use_is_an_error_naming_it() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let err = serve(addr, JobRegistry::new(), None).expect_err("the address is in use");
+    assert!(matches!(err, RestError::Bind { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains(&addr.to_string()), "{msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+}
+
+#[test]
+fn binding_an_address_not_on_this_machine_is_an_error() {
+    // TEST-NET-1 (RFC 5737): never assigned to a local interface; nothing is sent.
+    let addr: SocketAddr = "192.0.2.1:0".parse().expect("address");
+    let err = serve(addr, JobRegistry::new(), None).expect_err("not a local address");
+    assert!(err.to_string().contains("192.0.2.1:0"), "{err}");
+}
+
+#[test]
+fn shutdown_and_drop_close_the_port() {
+    let srv = server(JobRegistry::new(), None);
+    let addr = srv.local_addr();
+    assert_eq!(get(addr, "/jobs").body, json!({"jobs": []}));
+    srv.shutdown();
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "still listening after shutdown"
+    );
+
+    let srv = server(JobRegistry::new(), None);
+    let addr = srv.local_addr();
+    drop(srv);
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "still listening after drop"
+    );
+}
