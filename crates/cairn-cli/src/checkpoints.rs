@@ -58,8 +58,17 @@ pub fn run(args: CheckpointsArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<32}  {:>6}  {:<19}  {:>10}  {:>9}  STATUS",
-        "JOB", "ID", "TIME (UTC)", "SIZE", "DURATION"
+        "{:<32}  {:>6}  {:<19}  {:>10}  {:>9}  {:>9}  {:>9}  {:>10}  {:>10}  {:>9}  STATUS",
+        "JOB",
+        "ID",
+        "TIME (UTC)",
+        "SIZE",
+        "DURATION",
+        "SYNC MAX",
+        "ASYNC MAX",
+        "ALIGN MAX",
+        "IN-FLIGHT",
+        "UNALIGNED"
     );
     for c in list {
         let (time, duration) = match &c.metadata {
@@ -69,17 +78,44 @@ pub fn run(args: CheckpointsArgs) -> Result<()> {
             ),
             None => ("-".into(), "-".into()),
         };
+        let max_of = |f: fn(&cairn::checkpoint::TaskCheckpointStats) -> u64| {
+            c.metadata.as_ref().map_or("-".to_string(), |m| {
+                format!("{} ms", m.tasks.iter().map(f).max().unwrap_or(0))
+            })
+        };
+        let (sync, asyn, align) = (
+            max_of(|t| t.sync_ms),
+            max_of(|t| t.async_ms),
+            max_of(|t| t.alignment_ms),
+        );
+        let (inflight, unaligned) = match &c.metadata {
+            Some(m) => (
+                human::bytes(m.tasks.iter().map(|t| t.channel_state_size).sum()),
+                if m.tasks.iter().any(|t| t.unaligned) {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .to_string(),
+            ),
+            None => ("-".into(), "-".into()),
+        };
         let status = match &c.problem {
             None => "complete".to_string(),
             Some(p) => format!("NOT USABLE: {p}"),
         };
         println!(
-            "{:<32}  {:>6}  {:<19}  {:>10}  {:>9}  {status}",
+            "{:<32}  {:>6}  {:<19}  {:>10}  {:>9}  {:>9}  {:>9}  {:>10}  {:>10}  {:>9}  {status}",
             c.job_id,
             c.id,
             time,
             human::bytes(c.size),
-            duration
+            duration,
+            sync,
+            asyn,
+            align,
+            inflight,
+            unaligned
         );
     }
     Ok(())

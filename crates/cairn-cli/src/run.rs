@@ -199,9 +199,33 @@ fn summary_line(s: &JobSummary) -> String {
         let durations: Vec<u64> = s.checkpoints.iter().map(|c| c.duration_ms).collect();
         let max = durations.iter().copied().max().unwrap_or(0);
         let last = &s.checkpoints[n - 1];
+        let per_task = |f: fn(&cairn::checkpoint::TaskCheckpointStats) -> u64| -> Vec<u64> {
+            s.checkpoints
+                .iter()
+                .map(|c| c.metadata.tasks.iter().map(f).max().unwrap_or(0))
+                .collect()
+        };
+        let align = per_task(|t| t.alignment_ms);
+        let sync = per_task(|t| t.sync_ms);
+        let asyn = per_task(|t| t.async_ms);
+        let inflight: Vec<u64> = s
+            .checkpoints
+            .iter()
+            .map(|c| c.metadata.tasks.iter().map(|t| t.channel_state_size).sum())
+            .collect();
+        let unaligned = s
+            .checkpoints
+            .iter()
+            .filter(|c| c.metadata.tasks.iter().any(|t| t.unaligned))
+            .count();
         line.push_str(&format!(
-            " (duration median {} ms, max {max} ms; last #{}: {})",
+            " (duration median {} ms, max {max} ms; alignment median {} ms, max {} ms; sync max {} ms; async max {} ms; {unaligned} unaligned, in-flight data max {}; last #{}: {})",
             median(durations),
+            median(align.clone()),
+            align.iter().max().unwrap_or(&0),
+            sync.iter().max().unwrap_or(&0),
+            asyn.iter().max().unwrap_or(&0),
+            human::bytes(inflight.iter().copied().max().unwrap_or(0)),
             last.id,
             human::bytes(last.state_size)
         ));
