@@ -291,7 +291,20 @@ impl<T: Clone + Send + 'static> EdgeWriter<T> {
     }
 
     fn emit(&mut self, event: Event) -> TaskResult {
-        self.flush()?;
+        if matches!(event, Event::UnalignedBarrier(_)) {
+            for ch in 0..self.senders.len() {
+                if !self.buffers[ch].is_empty() {
+                    let full = std::mem::replace(
+                        &mut self.buffers[ch],
+                        Vec::with_capacity(BATCH_RECORDS_MAX),
+                    );
+                    self.sent[ch] += 1;
+                    self.senders[ch].send_batch_overdraft(Box::new(full))?;
+                }
+            }
+        } else {
+            self.flush()?;
+        }
         for (ch, s) in self.senders.iter().enumerate() {
             match event {
                 Event::Barrier(b) => s.send_event(Element::Barrier(b))?,

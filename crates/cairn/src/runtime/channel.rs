@@ -89,7 +89,8 @@ pub enum Mail {
 
 #[derive(Debug)]
 struct CreditState {
-    available: usize,
+    /// May go below zero by an overdraft (see [`ChannelSender::send_batch_overdraft`]).
+    available: isize,
     closed: bool,
 }
 
@@ -105,7 +106,7 @@ impl Credit {
     pub fn new(credits: usize) -> Arc<Self> {
         Arc::new(Credit {
             state: Mutex::new(CreditState {
-                available: credits,
+                available: credits as isize,
                 closed: false,
             }),
             changed: Condvar::new(),
@@ -125,6 +126,16 @@ impl Credit {
             }
             s = self.changed.wait(s).map_err(|_| TaskError::Cancelled)?;
         }
+    }
+
+    /// Takes one credit without waiting, possibly going into debt.
+    fn overdraw(&self) -> TaskResult {
+        let mut s = self.state.lock().map_err(|_| TaskError::Cancelled)?;
+        if s.closed {
+            return Err(TaskError::Cancelled);
+        }
+        s.available -= 1;
+        Ok(())
     }
 
     /// Returns one credit (the receiver dequeued a batch).
@@ -185,6 +196,14 @@ impl ChannelSender {
     /// Sends a batch, waiting for credit (backpressure).
     pub fn send_batch(&self, batch: Box<dyn Any + Send>) -> TaskResult {
         self.credit.acquire()?;
+        self.send(Element::Batch(batch))
+    }
+
+    /// Sends a batch without waiting for credit. Used only to flush the partial batch in front
+    /// of an unaligned barrier, so that the barrier is not held back by backpressure: at most
+    /// one batch per channel per checkpoint beyond the credits.
+    pub fn send_batch_overdraft(&self, batch: Box<dyn Any + Send>) -> TaskResult {
+        self.credit.overdraw()?;
         self.send(Element::Batch(batch))
     }
 

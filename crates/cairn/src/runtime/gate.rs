@@ -195,6 +195,24 @@ impl InputGate {
         Some(self.processed[channel] + parked)
     }
 
+    /// The sequence number of the next batch of `channel` to be processed, counting parked ones.
+    pub fn next_seq(&self, channel: usize) -> u64 {
+        let parked = self.parked[channel]
+            .iter()
+            .filter(|e| matches!(e, Element::Batch(_)))
+            .count() as u64;
+        self.processed[channel] + parked
+    }
+
+    /// Whether a barrier with this id would still be news (not stale).
+    pub fn is_new_barrier(&self, channel: usize, id: u64) -> bool {
+        match &self.pending {
+            Some(p) if p.barrier.id == id => !p.seen[channel],
+            Some(p) => id > p.barrier.id,
+            None => id > self.newest_id,
+        }
+    }
+
     /// Whether the barrier of the pending checkpoint arrived on `channel`.
     pub fn barrier_seen(&self, channel: usize) -> bool {
         self.pending.as_ref().is_some_and(|p| p.seen[channel])

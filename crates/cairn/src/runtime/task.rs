@@ -23,6 +23,9 @@ use crate::storage::format::{encode, FileKind};
 use crate::storage::layout::checkpoint_dir;
 use crate::storage::CheckpointStorage;
 
+/// How often a task looks for timed-out barriers queued in its mailbox (aligned-with-timeout).
+const PROMOTE_CHECK_INTERVAL: Duration = Duration::from_millis(5);
+
 /// What tasks and the uploader report to the job master.
 #[derive(Debug)]
 pub enum JobEvent {
@@ -466,6 +469,43 @@ impl TaskRuntime {
         self.capture_in_flight(gate)
     }
 
+    /// Aligned-with-timeout: an in-band barrier still queued in the mailbox after the timeout
+    /// (counted from the trigger) overtakes the data before it, as an unaligned barrier would.
+    fn promote_timed_out_barriers(&mut self, gate: &mut InputGate) -> TaskResult {
+        let Some(timeout) = self.aligned_timeout else {
+            return Ok(());
+        };
+        while let Ok(m) = self.mailbox.try_recv() {
+            self.inbox.push_back(m);
+        }
+        let now = now_ms();
+        let mut pos: Vec<u64> = (0..self.channel_ports.len())
+            .map(|c| gate.next_seq(c))
+            .collect();
+        let mut promoted = None;
+        for (i, mail) in self.inbox.iter().enumerate() {
+            let Mail::Data { channel, element } = mail else {
+                continue;
+            };
+            match element {
+                Element::Batch(_) => pos[*channel] += 1,
+                Element::Barrier(b)
+                    if now.saturating_sub(b.timestamp_ms) >= timeout.as_millis() as u64
+                        && gate.is_new_barrier(*channel, b.id) =>
+                {
+                    promoted = Some((i, *channel, *b, pos[*channel]));
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if let Some((i, channel, barrier, before)) = promoted {
+            self.inbox.remove(i);
+            self.on_priority_barrier(gate, channel, barrier, before)?;
+        }
+        Ok(())
+    }
+
     fn replay_channel_state(&mut self) -> TaskResult {
         let Some(state) = self.restored_channels.take() else {
             return Ok(());
@@ -506,7 +546,12 @@ impl TaskRuntime {
         for &p in &self.channel_ports {
             open_per_port[p] += 1;
         }
+        let mut next_promote_check = Instant::now();
         loop {
+            if self.aligned_timeout.is_some() && Instant::now() >= next_promote_check {
+                next_promote_check = Instant::now() + PROMOTE_CHECK_INTERVAL;
+                self.promote_timed_out_barriers(&mut gate)?;
+            }
             if let Some(d) = gate.deadline() {
                 if Instant::now() >= d {
                     for a in gate.on_timer(Instant::now()) {
