@@ -300,6 +300,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some(p) => Some(RestoreFrom::Path(PathBuf::from(p))),
     };
     let expected_records = match &input {
+        WordInput::Generate { count, .. } if args.job == "backpressure" => count + count / 10,
         WordInput::Generate { count, .. } => *count,
         // Failures are planned within the smallest record count any task sees: the lines.
         WordInput::File(p) if args.inject_failures.is_some() => count_lines(p)?,

@@ -294,3 +294,47 @@ fn sigkill_at_least_once_loses_nothing() {
 fn sigkill_at_random_moments_and_resume_from_latest_keeps_exactly_once_p2() {
     assert_clean(kill_and_resume(23, 2, 3, &[]));
 }
+
+/// The backpressure job (two inputs into a keyed co-process, throttled sink) with unaligned
+/// checkpoints and injected failures: in-flight data of both inputs is persisted and replayed.
+#[test]
+fn two_input_job_under_backpressure_with_unaligned_checkpoints_keeps_exactly_once() {
+    let (records, keys) = (200_000u64, 500u64);
+    let mut expected = std::collections::HashMap::new();
+    for i in 0..records {
+        *expected
+            .entry(format!("k{}", i.wrapping_mul(7919) % keys))
+            .or_insert(0u64) += 1;
+    }
+    for i in 0..records / 10 {
+        *expected
+            .entry(format!("k{}", i.wrapping_mul(104_729) % keys))
+            .or_insert(0u64) += 1;
+    }
+    for (seed, mode) in [(21u64, "--unaligned"), (22, "--aligned-checkpoint-timeout")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out_dir = tmp.path().join("out");
+        let mut cmd = cairn();
+        cmd.args(["run", "backpressure", "-p", "2"])
+            .args([
+                "--generate",
+                &records.to_string(),
+                "--keys",
+                &keys.to_string(),
+            ])
+            .args(["--sink-rate", "400000"])
+            .arg("--output")
+            .arg(&out_dir)
+            .args(["--checkpoint-interval", "20ms"])
+            .args(["--inject-failures", "3", "--seed", &seed.to_string()])
+            .args(RESTART_FAST)
+            .arg(mode);
+        if mode == "--aligned-checkpoint-timeout" {
+            cmd.arg("10ms");
+        }
+        let out = run_ok(&mut cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("3/3 injected failures"), "{stderr}");
+        assert_exactly_once(&out_dir, &expected);
+    }
+}

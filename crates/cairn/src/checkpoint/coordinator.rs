@@ -221,6 +221,14 @@ impl CheckpointCoordinator {
         let barrier = Barrier {
             id,
             timestamp_ms: now_ms(),
+            aligned_only: force,
+        };
+        // The final checkpoint (forced) is aligned, so that no in-flight data is left to be
+        // processed after the sinks' last pre-commit.
+        let kind = if force {
+            BarrierKind::Aligned
+        } else {
+            self.settings.barrier_kind
         };
         self.pending.insert(
             id,
@@ -236,9 +244,7 @@ impl CheckpointCoordinator {
         debug!(checkpoint = id, "triggering checkpoint");
         for t in self.tasks.iter().filter(|t| t.is_source) {
             // A closed mailbox means the task is gone; the attempt is failing anyway.
-            let _ = t
-                .mailbox
-                .send(Mail::TriggerCheckpoint(barrier, self.settings.barrier_kind));
+            let _ = t.mailbox.send(Mail::TriggerCheckpoint(barrier, kind));
         }
         Some(id)
     }
@@ -447,6 +453,7 @@ fn placeholder(id: u64) -> Pending {
         barrier: Barrier {
             id,
             timestamp_ms: 0,
+            aligned_only: false,
         },
         started: Instant::now(),
         acks: Vec::new(),

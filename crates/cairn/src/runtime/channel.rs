@@ -29,6 +29,9 @@ pub struct Barrier {
     pub id: u64,
     /// When the coordinator triggered the checkpoint (ms since the Unix epoch).
     pub timestamp_ms: u64,
+    /// Never switch this checkpoint to unaligned. Set on the final checkpoint: everything
+    /// before it must be processed — and committed by sinks — before the job ends.
+    pub aligned_only: bool,
 }
 
 /// How tasks treat barriers of a checkpoint.

@@ -486,6 +486,7 @@ mod tests {
 
     fn barrier(id: u64) -> Element {
         Element::Barrier(Barrier {
+            aligned_only: false,
             id,
             timestamp_ms: crate::checkpoint::now_ms(),
         })
@@ -493,6 +494,7 @@ mod tests {
 
     fn b(id: u64) -> Barrier {
         Barrier {
+            aligned_only: false,
             id,
             timestamp_ms: crate::checkpoint::now_ms(),
         }

@@ -1,8 +1,10 @@
-//! Deliberate failures (`--inject-failures N --seed S`): N failures at records chosen from the
-//! seed, in tasks chosen from the seed. Each fires once per job run, whatever the number of
+//! Deliberate failures (`--inject-failures N --seed S`): N failures in tasks chosen from the
+//! seed, each at the first batch its task processes once the job's sources have read a number
+//! of records chosen from the seed (so every planned failure has a point to fire at, whatever
+//! the share of records the chosen task sees). Each fires once per job run, whatever the number of
 //! restarts, and at most one fires per attempt, so the run exercises recovery exactly N times.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::error::{TaskError, TaskResult};
 
@@ -15,40 +17,41 @@ struct Planned {
 /// The failures planned for a run.
 pub struct FailureInjector {
     planned: Vec<Planned>,
-    counters: Vec<AtomicU64>,
+    vertices: usize,
     /// Attempt number + 1 of the attempt that already had its failure (0: none yet).
     failed_attempt: AtomicU32,
 }
 
 impl FailureInjector {
-    /// Plans `count` failures over `vertices` task vertices, at record numbers in
-    /// `1..=expected_records` of the chosen vertex (counted over all its subtasks and attempts).
+    /// Plans `count` failures over `vertices` task vertices, at source progress in the first
+    /// 90 % of `1..=expected_records` (records read by all sources, replays included).
     pub fn new(count: usize, seed: u64, vertices: usize, expected_records: u64) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
         let vertices = vertices.max(1);
         let planned = (0..count)
             .map(|_| Planned {
                 vertex: rng.usize(0..vertices),
-                record: rng.u64(1..=expected_records.max(1)),
+                record: rng.u64(1..=(expected_records / 10 * 9).max(1)),
                 fired: AtomicBool::new(false),
             })
             .collect();
         FailureInjector {
             planned,
-            counters: (0..vertices).map(|_| AtomicU64::new(0)).collect(),
+            vertices,
             failed_attempt: AtomicU32::new(0),
         }
     }
 
-    /// Counts `records` more records of `vertex`; fails if a planned failure falls among them.
-    pub fn check(&self, attempt: u32, vertex: usize, uid: &str, records: usize) -> TaskResult {
-        let Some(counter) = self.counters.get(vertex) else {
+    /// `vertex` processed a batch while the sources' progress is `progress` records; fails if a
+    /// planned failure of this vertex is due.
+    pub fn check(&self, attempt: u32, vertex: usize, uid: &str, progress: u64) -> TaskResult {
+        if vertex >= self.vertices {
             return Ok(());
-        };
+        }
         if self.failed_attempt.load(Ordering::Acquire) == attempt + 1 {
             return Ok(());
         }
-        let after = counter.fetch_add(records as u64, Ordering::Relaxed) + records as u64;
+        let after = progress;
         for (index, p) in self.planned.iter().enumerate() {
             // `<= after`, not a window: two failures planned within one batch fire in turn.
             if p.vertex == vertex
@@ -90,10 +93,12 @@ mod tests {
     fn each_planned_failure_fires_once() {
         let inj = FailureInjector::new(5, 42, 2, 1000);
         let mut failures = 0;
+        let mut progress = 0;
         for attempt in 0..10 {
-            for v in 0..2 {
-                for _ in 0..100 {
-                    if inj.check(attempt, v, "op", 10).is_err() {
+            for _ in 0..100 {
+                progress += 10;
+                for v in 0..2 {
+                    if inj.check(attempt, v, "op", progress).is_err() {
                         failures += 1;
                     }
                 }

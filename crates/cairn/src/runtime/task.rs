@@ -173,9 +173,14 @@ impl TaskRuntime {
         }
     }
 
-    fn inject(&self, records: usize) -> TaskResult {
+    fn inject(&self) -> TaskResult {
         match &self.injector {
-            Some(i) => i.check(self.attempt, self.vertex, &self.head_uid, records),
+            Some(i) => i.check(
+                self.attempt,
+                self.vertex,
+                &self.head_uid,
+                self.metrics.records.load(Ordering::Relaxed),
+            ),
             None => Ok(()),
         }
     }
@@ -340,7 +345,7 @@ impl TaskRuntime {
             }
             let (n, status) = self.body.poll_source()?;
             self.metrics.records.fetch_add(n as u64, Ordering::Relaxed);
-            self.inject(n)?;
+            self.inject()?;
             if status == SourceStatus::Exhausted {
                 exhausted = true;
                 self.body.flush()?;
@@ -490,7 +495,8 @@ impl TaskRuntime {
             match element {
                 Element::Batch(_) => pos[*channel] += 1,
                 Element::Barrier(b)
-                    if now.saturating_sub(b.timestamp_ms) >= timeout.as_millis() as u64
+                    if !b.aligned_only
+                        && now.saturating_sub(b.timestamp_ms) >= timeout.as_millis() as u64
                         && gate.is_new_barrier(*channel, b.id) =>
                 {
                     promoted = Some((i, *channel, *b, pos[*channel]));
@@ -632,8 +638,8 @@ impl TaskRuntime {
                     } else {
                         None
                     };
-                    let n = self.body.process(port, batch)?;
-                    self.inject(n)?;
+                    self.body.process(port, batch)?;
+                    self.inject()?;
                     if let Some(a) = gate.after_batch(ch, recorded) {
                         self.act(a)?;
                     }
