@@ -11,11 +11,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
 use tracing::{debug, warn};
 
 use super::{now_ms, CheckpointMetadata, OperatorMetadata, SubtaskStateHandle, TaskAck};
-use crate::runtime::channel::{Barrier, BarrierKind, Mail};
+use crate::runtime::channel::{Barrier, BarrierKind, Mail, MailboxHandle};
 use crate::storage::format::{encode, FileKind};
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir};
 use crate::storage::CheckpointStorage;
@@ -49,7 +48,7 @@ pub struct TaskInfo {
     /// Whether it is a source (receives triggers).
     pub is_source: bool,
     /// Its mailbox.
-    pub mailbox: Sender<Mail>,
+    pub mailbox: MailboxHandle,
     /// Operators of its chain: (uid, parallelism).
     pub operators: Vec<(String, u32)>,
 }

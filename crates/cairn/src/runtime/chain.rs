@@ -194,7 +194,7 @@ pub struct EdgeWriter<T> {
     next_channel: usize,
 }
 
-impl<T: Clone + Send + 'static> EdgeWriter<T> {
+impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
     /// A writer onto `senders` (one per downstream subtask, or one for forward edges).
     pub fn new(partitioner: Partitioner<T>, senders: Vec<ChannelSender>) -> Self {
         let buffers = senders.iter().map(|_| Vec::new()).collect();
@@ -209,9 +209,24 @@ impl<T: Clone + Send + 'static> EdgeWriter<T> {
     }
 
     fn send(&mut self, ch: usize) -> TaskResult {
+        self.send_now(ch, false)
+    }
+
+    /// Sends channel `ch`'s buffer, serialized once if the channel crosses the network.
+    fn send_now(&mut self, ch: usize, overdraft: bool) -> TaskResult {
         let full = std::mem::replace(&mut self.buffers[ch], Vec::with_capacity(BATCH_RECORDS_MAX));
         self.sent[ch] += 1;
-        self.senders[ch].send_batch(Box::new(full))
+        let sender = &self.senders[ch];
+        if sender.is_remote() {
+            let bytes = postcard::to_stdvec(&full)
+                .map_err(|e| TaskError::msg(format!("cannot serialize a batch: {e}")))?;
+            return sender.send_encoded(bytes, overdraft);
+        }
+        if overdraft {
+            sender.send_batch_overdraft(Box::new(full))
+        } else {
+            sender.send_batch(Box::new(full))
+        }
     }
 
     fn push_one(&mut self, ch: usize, rec: T) -> TaskResult {
@@ -230,7 +245,10 @@ impl<T: Clone + Send + 'static> EdgeWriter<T> {
         let channels = self.senders.len();
         if channels == 1 && !matches!(self.partitioner, Partitioner::Broadcast) {
             // One channel: hand over the whole batch when nothing is buffered.
-            if self.buffers[0].is_empty() && batch.len() >= BATCH_RECORDS_MAX / 2 {
+            if self.buffers[0].is_empty()
+                && batch.len() >= BATCH_RECORDS_MAX / 2
+                && !self.senders[0].is_remote()
+            {
                 let full = std::mem::replace(batch, Vec::with_capacity(BATCH_RECORDS_MAX));
                 self.sent[0] += 1;
                 return self.senders[0].send_batch(Box::new(full));
@@ -322,7 +340,7 @@ pub struct RecordWriter<T> {
     copy: Vec<T>,
 }
 
-impl<T: Clone + Send + 'static> RecordWriter<T> {
+impl<T: Clone + Send + Serialize + 'static> RecordWriter<T> {
     /// A writer onto the given edges.
     pub fn new(edges: Vec<EdgeWriter<T>>) -> Self {
         RecordWriter {
@@ -332,7 +350,7 @@ impl<T: Clone + Send + 'static> RecordWriter<T> {
     }
 }
 
-impl<T: Clone + Send + 'static> Chain<T> for RecordWriter<T> {
+impl<T: Clone + Send + Serialize + 'static> Chain<T> for RecordWriter<T> {
     fn push(&mut self, batch: &mut Vec<T>) -> TaskResult {
         let n = self.edges.len();
         for i in 0..n.saturating_sub(1) {

@@ -14,6 +14,7 @@ use std::any::Any;
 use std::sync::{Arc, Condvar, Mutex};
 
 use crossbeam_channel::Sender;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{TaskError, TaskResult};
 
@@ -23,7 +24,7 @@ pub const BATCH_RECORDS_MAX: usize = 1024;
 pub const CHANNEL_CREDITS_MAX: usize = 8;
 
 /// A checkpoint barrier: marks the point in a stream where checkpoint `id` was taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Barrier {
     /// Checkpoint id; ids only grow.
     pub id: u64,
@@ -35,7 +36,7 @@ pub struct Barrier {
 }
 
 /// How tasks treat barriers of a checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BarrierKind {
     /// In-band, aligned (or tracked in at-least-once mode).
     Aligned,
@@ -49,6 +50,8 @@ pub enum BarrierKind {
 pub enum Element {
     /// A `Vec<T>` of records, type-erased at the channel.
     Batch(Box<dyn Any + Send>),
+    /// A batch that crossed the network, still serialized (decoded by the receiving task).
+    Encoded(Vec<u8>),
     /// A checkpoint barrier.
     Barrier(Barrier),
     /// The sender has no more records.
@@ -59,6 +62,7 @@ impl std::fmt::Debug for Element {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Element::Batch(_) => f.write_str("Batch"),
+            Element::Encoded(b) => write!(f, "Encoded({} bytes)", b.len()),
             Element::Barrier(b) => write!(f, "Barrier({})", b.id),
             Element::EndOfStream => f.write_str("EndOfStream"),
         }
@@ -88,6 +92,114 @@ pub enum Mail {
     EndOfInput,
     /// Stop now: the attempt is cancelled.
     Cancel,
+}
+
+/// The mail the job master sends to a subtask, in a form that can cross the network.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ControlMail {
+    /// [`Mail::TriggerCheckpoint`].
+    Trigger(Barrier, BarrierKind),
+    /// [`Mail::CheckpointComplete`].
+    Complete(u64),
+    /// [`Mail::CheckpointAborted`].
+    Aborted(u64),
+    /// [`Mail::EndOfInput`].
+    EndOfInput,
+    /// [`Mail::Cancel`].
+    Cancel,
+}
+
+impl ControlMail {
+    /// The control part of a mail, if it is one.
+    pub fn from_mail(mail: &Mail) -> Option<ControlMail> {
+        Some(match mail {
+            Mail::TriggerCheckpoint(b, k) => ControlMail::Trigger(*b, *k),
+            Mail::CheckpointComplete(id) => ControlMail::Complete(*id),
+            Mail::CheckpointAborted(id) => ControlMail::Aborted(*id),
+            Mail::EndOfInput => ControlMail::EndOfInput,
+            Mail::Cancel => ControlMail::Cancel,
+            Mail::Data { .. } | Mail::PriorityBarrier { .. } => return None,
+        })
+    }
+
+    /// As a mail.
+    pub fn into_mail(self) -> Mail {
+        match self {
+            ControlMail::Trigger(b, k) => Mail::TriggerCheckpoint(b, k),
+            ControlMail::Complete(id) => Mail::CheckpointComplete(id),
+            ControlMail::Aborted(id) => Mail::CheckpointAborted(id),
+            ControlMail::EndOfInput => Mail::EndOfInput,
+            ControlMail::Cancel => Mail::Cancel,
+        }
+    }
+}
+
+/// Delivers control mail to a subtask in another process.
+pub trait RemoteMailbox: Send + Sync {
+    /// Sends; false if the subtask is unreachable.
+    fn send(&self, mail: ControlMail) -> bool;
+}
+
+/// How the job master reaches a subtask's mailbox.
+#[derive(Clone)]
+pub enum MailboxHandle {
+    /// In this process.
+    Local(Sender<Mail>),
+    /// In a worker process.
+    Remote(Arc<dyn RemoteMailbox>),
+}
+
+impl std::fmt::Debug for MailboxHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MailboxHandle::Local(_) => f.write_str("Local"),
+            MailboxHandle::Remote(_) => f.write_str("Remote"),
+        }
+    }
+}
+
+impl MailboxHandle {
+    /// Sends a control mail; `Err` if the subtask is gone.
+    pub fn send(&self, mail: Mail) -> Result<(), ()> {
+        match self {
+            MailboxHandle::Local(s) => s.send(mail).map_err(|_| ()),
+            MailboxHandle::Remote(r) => match ControlMail::from_mail(&mail) {
+                Some(m) if r.send(m) => Ok(()),
+                _ => Err(()),
+            },
+        }
+    }
+}
+
+/// What crosses the network on one channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DataFrame {
+    /// A serialized batch.
+    Batch(Vec<u8>),
+    /// An in-band barrier.
+    Barrier(Barrier),
+    /// An unaligned barrier and the number of batches before it.
+    PriorityBarrier(Barrier, u64),
+    /// End of stream.
+    EndOfStream,
+}
+
+/// The sending side of a channel to a subtask in another process.
+pub trait RemoteChannel: Send + Sync {
+    /// Sends one frame of this channel.
+    fn send(&self, frame: DataFrame) -> TaskResult;
+}
+
+/// Returns a credit to a channel's sender.
+pub trait CreditReturn: Send + Sync {
+    /// The receiver dequeued one batch.
+    fn release(&self);
+}
+
+impl CreditReturn for Credit {
+    fn release(&self) {
+        Credit::release(self);
+    }
 }
 
 #[derive(Debug)]
@@ -158,12 +270,20 @@ impl Credit {
     }
 }
 
+#[derive(Clone)]
+enum Target {
+    Local {
+        mailbox: Sender<Mail>,
+        priority: Sender<Mail>,
+    },
+    Remote(Arc<dyn RemoteChannel>),
+}
+
 /// The sending end of one channel.
 #[derive(Clone)]
 pub struct ChannelSender {
     channel: usize,
-    mailbox: Sender<Mail>,
-    priority: Sender<Mail>,
+    target: Target,
     credit: Arc<Credit>,
 }
 
@@ -178,22 +298,52 @@ impl ChannelSender {
     ) -> Self {
         ChannelSender {
             channel,
-            mailbox,
-            priority,
+            target: Target::Local { mailbox, priority },
             credit,
+        }
+    }
+
+    /// The sender of a channel into a subtask in another process; `credit` is released when
+    /// the receiver returns credits over the network.
+    pub fn remote(link: Arc<dyn RemoteChannel>, credit: Arc<Credit>) -> Self {
+        ChannelSender {
+            channel: 0,
+            target: Target::Remote(link),
+            credit,
+        }
+    }
+
+    /// Whether batches must be serialized for this channel.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.target, Target::Remote(_))
+    }
+
+    /// Sends a serialized batch over the network, waiting for credit.
+    pub fn send_encoded(&self, bytes: Vec<u8>, overdraft: bool) -> TaskResult {
+        if overdraft {
+            self.credit.overdraw()?;
+        } else {
+            self.credit.acquire()?;
+        }
+        match &self.target {
+            Target::Remote(link) => link.send(DataFrame::Batch(bytes)),
+            Target::Local { .. } => Err(TaskError::msg("a serialized batch on a local channel")),
         }
     }
 
     /// Sends an unaligned barrier ahead of the queued data; `batches_before` batches were sent
     /// on this channel before it.
     pub fn send_priority_barrier(&self, barrier: Barrier, batches_before: u64) -> TaskResult {
-        self.priority
-            .send(Mail::PriorityBarrier {
-                channel: self.channel,
-                barrier,
-                batches_before,
-            })
-            .map_err(|_| TaskError::Cancelled)
+        match &self.target {
+            Target::Local { priority, .. } => priority
+                .send(Mail::PriorityBarrier {
+                    channel: self.channel,
+                    barrier,
+                    batches_before,
+                })
+                .map_err(|_| TaskError::Cancelled),
+            Target::Remote(link) => link.send(DataFrame::PriorityBarrier(barrier, batches_before)),
+        }
     }
 
     /// Sends a batch, waiting for credit (backpressure).
@@ -216,12 +366,22 @@ impl ChannelSender {
     }
 
     fn send(&self, element: Element) -> TaskResult {
-        self.mailbox
-            .send(Mail::Data {
-                channel: self.channel,
-                element,
-            })
-            .map_err(|_| TaskError::Cancelled)
+        match &self.target {
+            Target::Local { mailbox, .. } => mailbox
+                .send(Mail::Data {
+                    channel: self.channel,
+                    element,
+                })
+                .map_err(|_| TaskError::Cancelled),
+            Target::Remote(link) => match element {
+                Element::Barrier(b) => link.send(DataFrame::Barrier(b)),
+                Element::EndOfStream => link.send(DataFrame::EndOfStream),
+                Element::Encoded(bytes) => link.send(DataFrame::Batch(bytes)),
+                Element::Batch(_) => {
+                    Err(TaskError::msg("an unserialized batch on a remote channel"))
+                }
+            },
+        }
     }
 }
 

@@ -189,7 +189,7 @@ impl InputGate {
         let p = self.pending.as_ref().filter(|p| p.unaligned)?;
         let parked = self.parked[channel]
             .iter()
-            .filter(|e| matches!(e, Element::Batch(_)))
+            .filter(|e| matches!(e, Element::Batch(_) | Element::Encoded(_)))
             .count() as u64;
         let _ = p;
         Some(self.processed[channel] + parked)
@@ -199,7 +199,7 @@ impl InputGate {
     pub fn next_seq(&self, channel: usize) -> u64 {
         let parked = self.parked[channel]
             .iter()
-            .filter(|e| matches!(e, Element::Batch(_)))
+            .filter(|e| matches!(e, Element::Batch(_) | Element::Encoded(_)))
             .count() as u64;
         self.processed[channel] + parked
     }
@@ -532,6 +532,7 @@ mod tests {
                 }
                 Element::Barrier(b) => gate.on_barrier(ch, b, None),
                 Element::EndOfStream => gate.on_end_of_stream(ch),
+                Element::Encoded(_) => Vec::new(),
             };
             for a in actions {
                 if let GateAction::Snapshot { barrier, .. } = a {

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::{info, warn};
 
-use super::channel::{BarrierKind, ChannelSender, Credit, Mail, CHANNEL_CREDITS_MAX};
+use super::channel::{
+    BarrierKind, ChannelSender, Credit, CreditReturn, Mail, MailboxHandle, CHANNEL_CREDITS_MAX,
+};
 use super::gate::{AlignmentMode, InputGate};
 use super::inject::FailureInjector;
 use super::operators::SINK_PENDING_STATE;
@@ -140,13 +142,97 @@ struct Vertex {
     is_source: bool,
 }
 
-struct Plan {
+/// The job graph cut into chained task vertices; computed the same way in every process.
+pub struct Plan {
     vertices: Vec<Vertex>,
+    node_vertex: Vec<usize>,
+    offsets: Vec<usize>,
+    total: usize,
     node_parallelism: Vec<u32>,
     max_parallelism: u32,
 }
 
-fn plan(graph: &JobGraph, config: &JobConfig) -> Result<Plan, JobError> {
+impl Plan {
+    /// Number of subtasks of the job.
+    pub fn total_tasks(&self) -> usize {
+        self.total
+    }
+
+    /// The largest vertex parallelism: the slots a job needs (one slot holds one subtask of
+    /// every vertex, as Flink's slot sharing).
+    pub fn slots_needed(&self) -> u32 {
+        self.vertices
+            .iter()
+            .map(|v| v.parallelism)
+            .max()
+            .unwrap_or(1)
+    }
+
+    /// (vertex, subtask index, is source, name, operators) of global task `task`.
+    pub fn task(&self, task: usize) -> Option<(usize, u32)> {
+        let vi = self.offsets.iter().rposition(|&o| o <= task)?;
+        Some((vi, (task - self.offsets[vi]) as u32))
+    }
+
+    /// Task infos (without mailboxes) for every subtask, in global order.
+    pub fn task_descriptions(
+        &self,
+        graph: &JobGraph,
+    ) -> Vec<(String, u32, bool, Vec<(String, u32)>)> {
+        let mut out = Vec::with_capacity(self.total);
+        for v in &self.vertices {
+            for i in 0..v.parallelism {
+                out.push((
+                    v.name.clone(),
+                    i,
+                    v.is_source,
+                    v.nodes
+                        .iter()
+                        .map(|&x| (graph.nodes()[x].uid.clone(), v.parallelism.max(1)))
+                        .collect(),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Where the subtasks of an attempt run, seen from one process.
+pub struct Placement {
+    /// Per global task index: whether this process runs it.
+    pub hosted: Vec<bool>,
+    /// Channels to and from subtasks in other processes (None: everything is local).
+    pub links: Option<Arc<dyn DataLinks>>,
+}
+
+impl Placement {
+    /// Everything in this process.
+    pub fn local(total: usize) -> Self {
+        Placement {
+            hosted: vec![true; total],
+            links: None,
+        }
+    }
+}
+
+/// The network side of channels between processes.
+pub trait DataLinks: Send + Sync {
+    /// A sender into input channel `channel` of remote task `task`; the link releases `credit`
+    /// when the receiver returns credits.
+    fn channel_to(
+        &self,
+        task: usize,
+        channel: usize,
+        credit: Arc<Credit>,
+    ) -> Result<ChannelSender, TaskError>;
+    /// Where frames for local task `task` go.
+    fn register_receiver(&self, task: usize, mailbox: Sender<Mail>, priority: Sender<Mail>);
+    /// The credit return of input channel `channel` of local task `task`, fed from another process.
+    fn credit_return(&self, task: usize, channel: usize) -> Arc<dyn CreditReturn>;
+}
+
+/// Plans the job graph into chained task vertices.
+pub fn plan(graph: &JobGraph, config: &JobConfig) -> Result<Plan, JobError> {
     let n = graph.nodes().len();
     let maxp = config.max_parallelism;
     let node_parallelism: Vec<u32> = graph
@@ -213,8 +299,17 @@ fn plan(graph: &JobGraph, config: &JobConfig) -> Result<Plan, JobError> {
     if node_vertex.contains(&usize::MAX) {
         return Err(JobError::Setup("the job graph has a cycle".into()));
     }
+    let mut offsets = Vec::with_capacity(vertices.len());
+    let mut total = 0usize;
+    for v in &vertices {
+        offsets.push(total);
+        total += v.parallelism as usize;
+    }
     Ok(Plan {
         vertices,
+        node_vertex,
+        offsets,
+        total,
         node_parallelism,
         max_parallelism: maxp,
     })
@@ -222,7 +317,7 @@ fn plan(graph: &JobGraph, config: &JobConfig) -> Result<Plan, JobError> {
 
 struct Deployment {
     handles: Vec<JoinHandle<()>>,
-    mailboxes: Vec<Sender<Mail>>,
+    mailboxes: Vec<MailboxHandle>,
     credits: Vec<Arc<Credit>>,
     uploaders: Vec<JoinHandle<()>>,
     infos: Vec<TaskInfo>,
@@ -250,10 +345,17 @@ impl Deployment {
     }
 }
 
-/// A built subtask: (vertex, body, subtask index, in-flight data to replay).
-type BuiltTask = (usize, Box<dyn TaskBody>, u32, Option<ChannelStateData>);
+/// A built subtask: (global index, vertex, body, subtask index, in-flight data to replay).
+type BuiltTask = (
+    usize,
+    usize,
+    Box<dyn TaskBody>,
+    u32,
+    Option<ChannelStateData>,
+);
 
 struct DeployCtx<'a> {
+    placement: &'a Placement,
     graph: &'a JobGraph,
     plan: &'a Plan,
     config: &'a JobConfig,
@@ -270,28 +372,31 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
     let graph = cx.graph;
     let plan = cx.plan;
     let checkpointing = cx.config.checkpointing_enabled();
-    // Task indices and mailboxes.
-    let mut offsets = Vec::with_capacity(plan.vertices.len());
-    let mut total = 0usize;
-    for v in &plan.vertices {
-        offsets.push(total);
-        total += v.parallelism as usize;
-    }
-    let mut mail_tx = Vec::with_capacity(total);
-    let mut mail_rx = Vec::with_capacity(total);
-    let mut prio_tx = Vec::with_capacity(total);
-    let mut prio_rx = Vec::with_capacity(total);
-    for _ in 0..total {
+    let offsets = &plan.offsets;
+    let total = plan.total;
+    let hosted = &cx.placement.hosted;
+    let mut mail_tx: Vec<Option<Sender<Mail>>> = vec![None; total];
+    let mut mail_rx: Vec<Option<Receiver<Mail>>> = (0..total).map(|_| None).collect();
+    let mut prio_tx: Vec<Option<Sender<Mail>>> = vec![None; total];
+    let mut prio_rx: Vec<Option<Receiver<Mail>>> = (0..total).map(|_| None).collect();
+    for task in 0..total {
+        if !hosted[task] {
+            continue;
+        }
         let (tx, rx) = crossbeam_channel::unbounded::<Mail>();
-        mail_tx.push(tx);
-        mail_rx.push(Some(rx));
-        let (tx, rx) = crossbeam_channel::unbounded::<Mail>();
-        prio_tx.push(tx);
-        prio_rx.push(Some(rx));
+        let (ptx, prx) = crossbeam_channel::unbounded::<Mail>();
+        if let Some(links) = &cx.placement.links {
+            links.register_receiver(task, tx.clone(), ptx.clone());
+        }
+        mail_tx[task] = Some(tx);
+        mail_rx[task] = Some(rx);
+        prio_tx[task] = Some(ptx);
+        prio_rx[task] = Some(prx);
     }
     // Channels: per downstream task, its input channels; per edge and upstream subtask, senders.
+    // Channel numbering is the same in every process, so both ends agree without talking.
     let mut channel_ports: Vec<Vec<usize>> = vec![Vec::new(); total];
-    let mut channel_credits: Vec<Vec<Arc<Credit>>> = vec![Vec::new(); total];
+    let mut channel_credits: Vec<Vec<Arc<dyn CreditReturn>>> = vec![Vec::new(); total];
     let mut edge_senders: Vec<Vec<Vec<ChannelSender>>> = graph
         .edges()
         .iter()
@@ -315,17 +420,37 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
                 edge_forward[ei] = forward;
                 let upstreams: Vec<usize> = if forward { vec![i] } else { (0..pu).collect() };
                 for j in upstreams {
-                    let credit = Credit::new(CHANNEL_CREDITS_MAX);
+                    let upstream_task = offsets[plan.node_vertex[e.from]] + j;
                     let ch = channel_ports[task].len();
                     channel_ports[task].push(e.port);
-                    channel_credits[task].push(credit.clone());
-                    all_credits.push(credit.clone());
-                    edge_senders[ei][j].push(ChannelSender::new(
-                        ch,
-                        mail_tx[task].clone(),
-                        prio_tx[task].clone(),
-                        credit,
-                    ));
+                    match (hosted[task], hosted[upstream_task], &cx.placement.links) {
+                        (true, true, _) => {
+                            let credit = Credit::new(CHANNEL_CREDITS_MAX);
+                            channel_credits[task].push(credit.clone());
+                            all_credits.push(credit.clone());
+                            let (Some(m), Some(p)) = (&mail_tx[task], &prio_tx[task]) else {
+                                return Err(TaskError::msg("mailbox missing for a local task"));
+                            };
+                            edge_senders[ei][j].push(ChannelSender::new(
+                                ch,
+                                m.clone(),
+                                p.clone(),
+                                credit,
+                            ));
+                        }
+                        (true, false, Some(links)) => {
+                            channel_credits[task].push(links.credit_return(task, ch));
+                        }
+                        (false, true, Some(links)) => {
+                            let credit = Credit::new(CHANNEL_CREDITS_MAX);
+                            all_credits.push(credit.clone());
+                            edge_senders[ei][j].push(links.channel_to(task, ch, credit)?);
+                        }
+                        (false, false, _) => {}
+                        (_, _, None) => {
+                            return Err(TaskError::msg("a remote channel without a network"))
+                        }
+                    }
                 }
             }
         }
@@ -339,6 +464,10 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
     let mut infos = Vec::with_capacity(total);
     for (vi, v) in plan.vertices.iter().enumerate() {
         for i in 0..v.parallelism {
+            let global = offsets[vi] + i as usize;
+            if !hosted[global] {
+                continue;
+            }
             let init_for = |node: usize| -> SubtaskInit {
                 let spec = &graph.nodes()[node];
                 let p = plan.node_parallelism[node];
@@ -395,12 +524,15 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
                 NodeKind::OneInput { link, head: wrap } => wrap(link(&mut init, next)?)?,
                 NodeKind::TwoInput { body } => body(&mut init, next)?,
             };
-            bodies.push((vi, body, i, restored_channels));
+            bodies.push((global, vi, body, i, restored_channels));
+            let Some(mailbox) = mail_tx[global].clone() else {
+                return Err(TaskError::msg("mailbox missing for a local task"));
+            };
             infos.push(TaskInfo {
                 name: v.name.clone(),
                 subtask: i,
                 is_source: v.is_source,
-                mailbox: mail_tx[offsets[vi] + i as usize].clone(),
+                mailbox: MailboxHandle::Local(mailbox),
                 operators: v
                     .nodes
                     .iter()
@@ -416,7 +548,7 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
         }
         _ => None,
     };
-    for (task, (vi, body, i, restored_channels)) in bodies.into_iter().enumerate() {
+    for (task, vi, body, i, restored_channels) in bodies {
         let v = &plan.vertices[vi];
         let rt = TaskRuntime {
             index: task,
@@ -487,7 +619,7 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
     }
     Ok(Deployment {
         handles,
-        mailboxes: mail_tx,
+        mailboxes: infos.iter().map(|t| t.mailbox.clone()).collect(),
         credits: all_credits,
         uploaders,
         infos,
@@ -681,7 +813,9 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
                 init(pending).map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
             }
         }
+        let placement = Placement::local(plan.total);
         let cx = DeployCtx {
+            placement: &placement,
             graph,
             plan: &plan,
             config,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError};
 
 use super::chain::{Event, SourceStatus, TaskBody};
-use super::channel::{Barrier, BarrierKind, Credit, Element, Mail};
+use super::channel::{Barrier, BarrierKind, CreditReturn, Element, Mail};
 use super::gate::{GateAction, InputGate};
 use super::inject::FailureInjector;
 use crate::checkpoint::restore::TaskStateFile;
@@ -147,8 +147,8 @@ pub struct TaskRuntime {
     pub gate: Option<InputGate>,
     /// Input port of each channel.
     pub channel_ports: Vec<usize>,
-    /// Credits of each input channel.
-    pub credits: Vec<Arc<Credit>>,
+    /// Credits of each input channel (returned locally or over the network).
+    pub credits: Vec<Arc<dyn CreditReturn>>,
     /// Reports to the job master.
     pub events: Sender<JobEvent>,
     /// Asynchronous snapshot parts.
@@ -493,7 +493,7 @@ impl TaskRuntime {
                 continue;
             };
             match element {
-                Element::Batch(_) => pos[*channel] += 1,
+                Element::Batch(_) | Element::Encoded(_) => pos[*channel] += 1,
                 Element::Barrier(b)
                     if !b.aligned_only
                         && now.saturating_sub(b.timestamp_ms) >= timeout.as_millis() as u64
@@ -625,8 +625,23 @@ impl TaskRuntime {
                 }
             };
             let port = self.channel_ports[ch];
-            match element {
-                Element::Batch(batch) => {
+            let element = match element {
+                Element::Encoded(bytes) => {
+                    let batch = self.body.decode_batch(port, &bytes)?;
+                    (batch, Some(bytes))
+                }
+                Element::Batch(batch) => (batch, None),
+                other => {
+                    self.handle_event(&mut gate, ch, port, other, &mut open_per_port)?;
+                    if gate.all_ended() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            };
+            {
+                let (batch, encoded) = element;
+                {
                     self.credits[ch].release();
                     if gate.pending_unaligned().is_some() && !gate.barrier_seen(ch) {
                         // Is this batch before or after its channel's barrier? If after, the
@@ -634,7 +649,10 @@ impl TaskRuntime {
                         self.drain_priority(&mut gate)?;
                     }
                     let recorded = if gate.before_batch(ch) {
-                        Some(self.body.encode_batch(port, &*batch)?)
+                        match encoded {
+                            Some(bytes) => Some(bytes),
+                            None => Some(self.body.encode_batch(port, &*batch)?),
+                        }
                     } else {
                         None
                     };
@@ -644,30 +662,43 @@ impl TaskRuntime {
                         self.act(a)?;
                     }
                 }
-                Element::Barrier(b) => {
-                    let was_unaligned = gate.pending_unaligned().is_some();
-                    for a in gate.on_barrier(ch, b, self.aligned_timeout) {
-                        self.act(a)?;
-                    }
-                    if !was_unaligned {
-                        self.capture_in_flight(&mut gate)?;
-                    }
-                }
-                Element::EndOfStream => {
-                    for a in gate.on_end_of_stream(ch) {
-                        self.act(a)?;
-                    }
-                    open_per_port[port] -= 1;
-                    if open_per_port[port] == 0 {
-                        self.body.end_input(port)?;
-                    }
-                    if gate.all_ended() {
-                        self.body.emit(Event::EndOfStream)?;
-                        return Ok(());
-                    }
-                }
             }
         }
+    }
+
+    fn handle_event(
+        &mut self,
+        gate: &mut InputGate,
+        ch: usize,
+        port: usize,
+        element: Element,
+        open_per_port: &mut [usize],
+    ) -> TaskResult {
+        match element {
+            Element::Barrier(b) => {
+                let was_unaligned = gate.pending_unaligned().is_some();
+                for a in gate.on_barrier(ch, b, self.aligned_timeout) {
+                    self.act(a)?;
+                }
+                if !was_unaligned {
+                    self.capture_in_flight(gate)?;
+                }
+            }
+            Element::EndOfStream => {
+                for a in gate.on_end_of_stream(ch) {
+                    self.act(a)?;
+                }
+                open_per_port[port] -= 1;
+                if open_per_port[port] == 0 {
+                    self.body.end_input(port)?;
+                }
+                if gate.all_ended() {
+                    self.body.emit(Event::EndOfStream)?;
+                }
+            }
+            Element::Batch(_) | Element::Encoded(_) => {}
+        }
+        Ok(())
     }
 }
 
@@ -737,7 +768,10 @@ mod tests {
                 crate::runtime::gate::AlignmentMode::Aligned,
             )),
             channel_ports: vec![0, 0],
-            credits: vec![Credit::new(8), Credit::new(8)],
+            credits: vec![
+                crate::runtime::channel::Credit::new(8) as Arc<dyn CreditReturn>,
+                crate::runtime::channel::Credit::new(8),
+            ],
             events,
             uploader,
             injector: None,
@@ -778,7 +812,7 @@ mod tests {
                 crate::runtime::gate::AlignmentMode::Aligned,
             )),
             channel_ports: vec![0],
-            credits: vec![Credit::new(8)],
+            credits: vec![crate::runtime::channel::Credit::new(8) as Arc<dyn CreditReturn>],
             events,
             uploader,
             injector: None,
