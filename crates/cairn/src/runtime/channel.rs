@@ -159,14 +159,11 @@ impl std::fmt::Debug for MailboxHandle {
 }
 
 impl MailboxHandle {
-    /// Sends a control mail; `Err` if the subtask is gone.
-    pub fn send(&self, mail: Mail) -> Result<(), ()> {
+    /// Sends a control mail; false if the subtask is gone (its attempt is failing anyway).
+    pub fn send(&self, mail: Mail) -> bool {
         match self {
-            MailboxHandle::Local(s) => s.send(mail).map_err(|_| ()),
-            MailboxHandle::Remote(r) => match ControlMail::from_mail(&mail) {
-                Some(m) if r.send(m) => Ok(()),
-                _ => Err(()),
-            },
+            MailboxHandle::Local(s) => s.send(mail).is_ok(),
+            MailboxHandle::Remote(r) => ControlMail::from_mail(&mail).is_some_and(|m| r.send(m)),
         }
     }
 }

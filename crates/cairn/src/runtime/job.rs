@@ -168,33 +168,44 @@ impl Plan {
             .unwrap_or(1)
     }
 
-    /// (vertex, subtask index, is source, name, operators) of global task `task`.
+    /// (vertex, subtask index) of global task `task`.
     pub fn task(&self, task: usize) -> Option<(usize, u32)> {
         let vi = self.offsets.iter().rposition(|&o| o <= task)?;
         Some((vi, (task - self.offsets[vi]) as u32))
     }
 
     /// Task infos (without mailboxes) for every subtask, in global order.
-    pub fn task_descriptions(
-        &self,
-        graph: &JobGraph,
-    ) -> Vec<(String, u32, bool, Vec<(String, u32)>)> {
+    pub fn task_descriptions(&self, graph: &JobGraph) -> Vec<TaskDescription> {
         let mut out = Vec::with_capacity(self.total);
         for v in &self.vertices {
             for i in 0..v.parallelism {
-                out.push((
-                    v.name.clone(),
-                    i,
-                    v.is_source,
-                    v.nodes
+                out.push(TaskDescription {
+                    name: v.name.clone(),
+                    subtask: i,
+                    is_source: v.is_source,
+                    operators: v
+                        .nodes
                         .iter()
-                        .map(|&x| (graph.nodes()[x].uid.clone(), v.parallelism.max(1)))
+                        .map(|&x| (graph.nodes()[x].uid.clone(), self.node_parallelism[x]))
                         .collect(),
-                ));
+                });
             }
         }
         out
     }
+}
+
+/// One subtask as the job master describes it.
+#[derive(Debug, Clone)]
+pub struct TaskDescription {
+    /// Task (chain) name.
+    pub name: String,
+    /// Subtask index.
+    pub subtask: u32,
+    /// Whether it is a source.
+    pub is_source: bool,
+    /// Operators of its chain: (uid, parallelism).
+    pub operators: Vec<(String, u32)>,
 }
 
 /// Where the subtasks of an attempt run, seen from one process.
