@@ -1,4 +1,5 @@
-//! `cairn checkpoints DIR`: the checkpoints retained in a checkpoint directory.
+//! `cairn checkpoints DIR`: the checkpoints retained in a checkpoint directory; with `--rest`,
+//! `cairn checkpoints ID --rest URL`: a running job's checkpoint history from its REST API.
 
 use std::path::PathBuf;
 
@@ -8,15 +9,34 @@ use cairn::storage::layout::parse_checkpoint_dir;
 use cairn::storage::FsStorage;
 use clap::Args;
 
+use crate::client::RestArgs;
 use crate::human;
+use crate::remote;
 
 #[derive(Args, Debug)]
 pub struct CheckpointsArgs {
-    /// A checkpoint directory (holding job directories), or one job's directory.
+    /// A checkpoint directory (holding job directories), or one job's directory; with --rest, a job id.
+    #[arg(value_name = "DIR|JOB_ID")]
     dir: PathBuf,
+    /// Show the job's checkpoint history from this REST API instead (http://HOST:PORT, HOST:PORT or PORT).
+    #[arg(long, value_name = "URL")]
+    rest: Option<String>,
+    /// Bearer token, if the REST API requires one.
+    #[arg(long, value_name = "TOKEN", requires = "rest")]
+    rest_token: Option<String>,
 }
 
 pub fn run(args: CheckpointsArgs) -> Result<()> {
+    if let Some(rest) = args.rest {
+        let Some(id) = args.dir.to_str() else {
+            bail!("job id {} is not UTF-8", args.dir.display());
+        };
+        let rest = RestArgs {
+            rest,
+            rest_token: args.rest_token,
+        };
+        return remote::checkpoints(id, &rest);
+    }
     if !args.dir.exists() {
         bail!("checkpoint directory {} does not exist", args.dir.display());
     }

@@ -27,6 +27,20 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// `850 ms`, `12.3 s`, `5 min 3 s`, `2 h 5 min`.
+pub fn duration_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if secs < 60 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else if secs < 3600 {
+        format!("{} min {} s", secs / 60, secs % 60)
+    } else {
+        format!("{} h {} min", secs / 3600, (secs % 3600) / 60)
+    }
+}
+
 /// `2026-11-29 11:20:01` (UTC) from milliseconds since the Unix epoch.
 pub fn utc(ms: u64) -> String {
     let secs = ms / 1000;
@@ -52,6 +66,14 @@ pub fn utc(ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations() {
+        assert_eq!(super::duration_ms(850), "850 ms");
+        assert_eq!(super::duration_ms(12_345), "12.3 s");
+        assert_eq!(super::duration_ms(303_999), "5 min 3 s");
+        assert_eq!(super::duration_ms(7_500_000), "2 h 5 min");
+    }
+
     #[test]
     fn utc_formats_known_instants() {
         assert_eq!(super::utc(0), "1970-01-01 00:00:00");

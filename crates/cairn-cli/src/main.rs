@@ -5,7 +5,10 @@
 
 mod bench;
 mod checkpoints;
+mod client;
+mod cluster;
 mod human;
+mod remote;
 mod run;
 
 use std::process::ExitCode;
@@ -31,6 +34,18 @@ enum Command {
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Measure throughput of wordcount under several checkpoint settings, in one run.
     Bench(bench::BenchArgs),
+    /// Submit a built-in job to a coordinator's REST API; prints the new job id.
+    Submit(remote::SubmitArgs),
+    /// List the jobs of a REST API (coordinator or `run --rest`): id, state, name.
+    List(remote::ListArgs),
+    /// Show a job's state, restarts, times, failure cause and checkpoint counts.
+    Status(remote::JobArgs),
+    /// Cancel a job through the REST API.
+    Cancel(remote::JobArgs),
+    /// Run the cluster coordinator: job manager, checkpoint coordinator, REST API.
+    Coordinator(cluster::CoordinatorArgs),
+    /// Run a cluster worker offering task slots.
+    Worker(cluster::WorkerArgs),
 }
 
 fn init_logging(filter: Option<&str>) {
@@ -72,6 +87,12 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(*args),
         Command::Checkpoints(args) => checkpoints::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Coordinator(args) => cluster::coordinator(args),
+        Command::Worker(args) => cluster::worker(args),
+        Command::Submit(args) => remote::submit(args),
+        Command::List(args) => remote::list(args),
+        Command::Status(args) => remote::status(args),
+        Command::Cancel(args) => remote::cancel(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
+use cairn::api::JobGraph;
+use cairn::cluster::JobFactory;
 use cairn::config::{keys, JobConfig};
 use cairn::jobs::backpressure;
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
@@ -13,7 +15,7 @@ use cairn::runtime::{
     run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions,
 };
 use cairn_rest::{JobRegistry, RestServer};
-use clap::Args;
+use clap::{Args, Parser};
 
 use crate::human;
 
@@ -264,7 +266,9 @@ fn summary_json(s: &JobSummary) -> serde_json::Value {
     })
 }
 
-pub fn run(args: RunArgs) -> Result<()> {
+/// Builds a built-in job's graph and configuration from its flags (also used by cluster
+/// processes, which rebuild the job from the flags it was submitted with).
+pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
     if !JOBS.contains(&args.job.as_str()) {
         bail!(
             "unknown job '{}'; built-in jobs: {}",
@@ -272,7 +276,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             JOBS.join(", ")
         );
     }
-    let config = build_config(&args)?;
+    let config = build_config(args)?;
     let input = match (&args.input, args.generate) {
         (Some(path), None) => {
             std::fs::metadata(path)
@@ -293,19 +297,6 @@ pub fn run(args: RunArgs) -> Result<()> {
         (None, true) => WordOutput::Discard,
         _ => WordOutput::Print,
     };
-    let restore = match args.from.as_deref() {
-        None => None,
-        Some("latest") => Some(RestoreFrom::Latest),
-        Some("") => bail!("--from needs a checkpoint path or 'latest'"),
-        Some(p) => Some(RestoreFrom::Path(PathBuf::from(p))),
-    };
-    let expected_records = match &input {
-        WordInput::Generate { count, .. } if args.job == "backpressure" => count + count / 10,
-        WordInput::Generate { count, .. } => *count,
-        // Failures are planned within the smallest record count any task sees: the lines.
-        WordInput::File(p) if args.inject_failures.is_some() => count_lines(p)?,
-        WordInput::File(_) => 1,
-    };
     let graph = match (args.job.as_str(), &input) {
         ("backpressure", WordInput::Generate { count, keys }) => {
             backpressure::build(&backpressure::BackpressureArgs {
@@ -321,6 +312,54 @@ pub fn run(args: RunArgs) -> Result<()> {
         _ => wordcount::build(&input, &output),
     }
     .map_err(|e| anyhow!(e))?;
+    Ok((graph, config, input))
+}
+
+/// `cairn run`'s flags on their own, to parse a submitted job's flags.
+#[derive(clap::Parser, Debug)]
+#[command(name = "run")]
+struct RunCommand {
+    #[command(flatten)]
+    args: RunArgs,
+}
+
+/// The built-in jobs, for cluster processes.
+pub struct BuiltinJobs;
+
+impl JobFactory for BuiltinJobs {
+    fn build(
+        &self,
+        job: &str,
+        args: &[String],
+    ) -> std::result::Result<(JobGraph, JobConfig), String> {
+        let argv = ["run", job]
+            .into_iter()
+            .map(String::from)
+            .chain(args.iter().cloned());
+        let parsed = RunCommand::try_parse_from(argv)
+            .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())?;
+        build_job(&parsed.args)
+            .map(|(g, c, _)| (g, c))
+            .map_err(|e| format!("{e:#}"))
+    }
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let (graph, config, input) = build_job(&args)?;
+    let restore = match args.from.as_deref() {
+        None => None,
+        Some("latest") => Some(RestoreFrom::Latest),
+        Some("") => bail!("--from needs a checkpoint path or 'latest'"),
+        Some(p) => Some(RestoreFrom::Path(PathBuf::from(p))),
+    };
+    let expected_records = match &input {
+        WordInput::Generate { count, .. } if args.job == "backpressure" => count + count / 10,
+        WordInput::Generate { count, .. } => *count,
+        // Failures are planned within the smallest record count any task sees: the lines.
+        WordInput::File(p) if args.inject_failures.is_some() => count_lines(p)?,
+        WordInput::File(_) => 1,
+    };
+
     // The job master fills in the job id once it knows it (it may adopt a restored one).
     let rest = match &args.rest {
         Some(addr) => {
@@ -343,6 +382,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             .then(|| Arc::new(progress_line) as Arc<dyn Fn(&Progress) + Send + Sync>),
         metrics: None,
         status: rest.as_ref().map(|(_, status)| status.clone()),
+        job_id: None,
     };
     let summary = run_job(&graph, opts);
     // The job has ended: stop answering.

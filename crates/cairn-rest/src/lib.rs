@@ -7,6 +7,8 @@
 //! | Request | Answer |
 //! | --- | --- |
 //! | `GET /jobs` | `{"jobs":[{"id","status"}]}` |
+//! | `POST /jobs` | body `{"job","args":[..]}` → `{"jobid"}`; 400 if refused; 501 without a [`JobSubmitter`] |
+//! | `GET /jobs/overview` | `{"jobs":[..]}`, each as `GET /jobs/{jid}` answers |
 //! | `GET /jobs/{jid}` | `{"jid","name","state","start-time","end-time","duration","restarts","failure-cause"}` |
 //! | `GET /jobs/{jid}/checkpoints` | `{"counts":{..},"latest":{"completed":{..}\|null},"history":[..]}`, newest first |
 //! | `GET /jobs/{jid}/checkpoints/config` | `{"mode","interval","timeout","min_pause",..}` (durations in ms) |
@@ -14,10 +16,15 @@
 //!
 //! Every error is `{"errors":[message]}` with a 4xx/5xx status, as in Flink. With a token, every
 //! request must carry `Authorization: Bearer <token>` (401 otherwise).
+//!
+//! Submissions are handed to the [`JobSubmitter`] set with [`JobRegistry::set_submitter`] (the
+//! coordinator's); request bodies are limited to 1 MiB (413 past that).
 
 mod body;
 mod registry;
 mod server;
+mod submit;
 
 pub use registry::JobRegistry;
-pub use server::{serve, RestError, RestServer};
+pub use server::{serve, RestError, RestServer, SUBMIT_BODY_MAX};
+pub use submit::JobSubmitter;

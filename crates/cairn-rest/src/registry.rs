@@ -1,17 +1,31 @@
 //! The jobs the REST API serves.
 
+use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use cairn::runtime::JobStatus;
 
-/// The jobs served, by job id. Cheap to clone: clones share one registry.
+use crate::submit::JobSubmitter;
+
+/// The jobs served, by job id, and what submits new ones (if anything). Cheap to clone: clones
+/// share one registry.
 ///
 /// A job is found by the id its status carries *now*, not the one it had when it was
 /// registered: a status is usually registered before the job master knows the job id (it
 /// may adopt the id of the checkpoint it restores from) and fills it in later.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct JobRegistry {
     jobs: Arc<RwLock<Vec<Arc<JobStatus>>>>,
+    submitter: Arc<RwLock<Option<Arc<dyn JobSubmitter>>>>,
+}
+
+impl fmt::Debug for JobRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobRegistry")
+            .field("jobs", &self.list().len())
+            .field("accepts_submissions", &self.submitter().is_some())
+            .finish()
+    }
 }
 
 impl JobRegistry {
@@ -41,6 +55,23 @@ impl JobRegistry {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+
+    /// Accepts job submissions (`POST /jobs`) from now on, handing them to `submitter`
+    /// (replacing any earlier one). Without a submitter, submissions are refused.
+    pub fn set_submitter(&self, submitter: Arc<dyn JobSubmitter>) {
+        *self
+            .submitter
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(submitter);
+    }
+
+    /// What submits jobs, if this registry accepts submissions.
+    pub fn submitter(&self) -> Option<Arc<dyn JobSubmitter>> {
+        self.submitter
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 #[cfg(test)]
@@ -62,5 +93,27 @@ mod tests {
         reg.register(b.clone());
         assert!(reg.get("j1").is_some_and(|j| Arc::ptr_eq(&j, &b)));
         assert_eq!(reg.list().len(), 2);
+    }
+
+    struct Fixed;
+
+    impl JobSubmitter for Fixed {
+        fn submit(&self, job: &str, args: &[String]) -> Result<String, String> {
+            Ok(format!("{job}:{}", args.len()))
+        }
+    }
+
+    #[test]
+    fn clones_share_the_submitter() {
+        let reg = JobRegistry::new();
+        assert!(reg.submitter().is_none());
+        let clone = reg.clone();
+        reg.set_submitter(Arc::new(Fixed));
+        let s = clone.submitter().expect("set through the other clone");
+        assert_eq!(
+            s.submit("wordcount", &["-x".into()]),
+            Ok("wordcount:1".into())
+        );
+        assert!(format!("{clone:?}").contains("accepts_submissions: true"));
     }
 }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, Request, State};
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -24,6 +25,16 @@ use crate::registry::JobRegistry;
 
 /// How long [`RestServer::shutdown`] lets requests in flight finish before dropping them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The largest request body accepted (a job submission), in bytes: 1 MiB.
+pub const SUBMIT_BODY_MAX: usize = 1 << 20;
+
+/// The answer to a submission on a server without a [`JobSubmitter`](crate::JobSubmitter).
+const NO_SUBMITTER: &str =
+    "this server does not accept job submissions (embedded mode); use 'cairn coordinator'";
+
+/// What `POST /jobs` expects, for error messages.
+const SUBMIT_SHAPE: &str = r#"expected {"job": NAME, "args": [FLAG, ...]}"#;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -158,12 +169,14 @@ async fn run(listener: tokio::net::TcpListener, app: Router, stop: watch::Receiv
 
 fn router(registry: JobRegistry, token: Option<String>) -> Router {
     let router = Router::new()
-        .route("/jobs", get(list_jobs))
+        .route("/jobs", get(list_jobs).post(submit_job))
+        .route("/jobs/overview", get(jobs_overview))
         .route("/jobs/{jid}", get(job_details).patch(patch_job))
         .route("/jobs/{jid}/checkpoints", get(checkpoints))
         .route("/jobs/{jid}/checkpoints/config", get(checkpoint_config))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(SUBMIT_BODY_MAX))
         .with_state(registry);
     match token {
         Some(token) => router.layer(middleware::from_fn_with_state(
@@ -218,6 +231,19 @@ impl From<QueryRejection> for ApiError {
     }
 }
 
+impl From<BytesRejection> for ApiError {
+    fn from(e: BytesRejection) -> Self {
+        let status = e.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::new(
+                status,
+                format!("the request body is larger than {SUBMIT_BODY_MAX} bytes (1 MiB)"),
+            );
+        }
+        ApiError::new(status, e.body_text())
+    }
+}
+
 type ApiResult = Result<Json<Value>, ApiError>;
 
 fn lookup(registry: &JobRegistry, jid: &str) -> Result<Arc<JobStatus>, ApiError> {
@@ -233,6 +259,71 @@ async fn list_jobs(State(registry): State<JobRegistry>) -> ApiResult {
         .map(|s| body::job_overview(&s.view()))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(json!({ "jobs": jobs })))
+}
+
+async fn jobs_overview(State(registry): State<JobRegistry>) -> ApiResult {
+    let now = cairn::checkpoint::now_ms();
+    let jobs = registry
+        .list()
+        .iter()
+        .map(|s| body::job_details(&s.view(), now))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(json!({ "jobs": jobs })))
+}
+
+/// The body of `POST /jobs`.
+#[derive(Debug, Deserialize)]
+struct SubmitRequest {
+    /// A built-in job's name.
+    job: String,
+    /// Its `cairn run`-style flags.
+    args: Vec<String>,
+}
+
+async fn submit_job(
+    State(registry): State<JobRegistry>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let Some(submitter) = registry.submitter() else {
+        return Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, NO_SUBMITTER));
+    };
+    let body = body?;
+    let invalid = |problem: &dyn std::fmt::Display| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid job submission: {problem}; {SUBMIT_SHAPE}"),
+        )
+    };
+    // Through `Value` so that only an object is accepted (serde would take `[job, args]`).
+    let value: Value = serde_json::from_slice(&body).map_err(|e| invalid(&e))?;
+    if !value.is_object() {
+        return Err(invalid(&"the body is not a JSON object"));
+    }
+    let request: SubmitRequest = serde_json::from_value(value).map_err(|e| invalid(&e))?;
+    if request.job.trim().is_empty() {
+        return Err(invalid(&"the job name is empty"));
+    }
+    let job = request.job.clone();
+    // The submitter may block (plan, deploy): keep it off the thread that serves requests.
+    let submitted =
+        tokio::task::spawn_blocking(move || submitter.submit(&request.job, &request.args)).await;
+    match submitted {
+        Ok(Ok(jid)) => {
+            info!("job {jid} ({job}) submitted through the REST API");
+            Ok(Json(json!({ "jobid": jid })))
+        }
+        Ok(Err(message)) => {
+            debug!("submission of job {job} refused: {message}");
+            Err(ApiError::new(StatusCode::BAD_REQUEST, message))
+        }
+        Err(e) => {
+            error!("REST API: the submission of job {job} failed: {e}");
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the submission of job {job} failed unexpectedly"),
+            ))
+        }
+    }
 }
 
 async fn job_details(

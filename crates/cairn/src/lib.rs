@@ -16,3 +16,4 @@ pub mod state;
 pub mod storage;
 
 pub use error::{TaskError, TaskResult};
+pub mod cluster;

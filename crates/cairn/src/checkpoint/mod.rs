@@ -91,7 +91,7 @@ impl CheckpointMetadata {
 }
 
 /// A subtask's acknowledgement of a checkpoint: its state is persisted.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TaskAck {
     /// Checkpoint id.
     pub checkpoint_id: u64,

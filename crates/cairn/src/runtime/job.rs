@@ -69,6 +69,8 @@ pub struct RunOptions {
     pub metrics: Option<Arc<JobMetrics>>,
     /// Shared live status (created if None); observers read it and may request a cancel.
     pub status: Option<Arc<JobStatus>>,
+    /// The job id to use (a new random one if None; a restored checkpoint's when claimed).
+    pub job_id: Option<String>,
 }
 
 /// Progress of a running job.
@@ -326,7 +328,8 @@ pub fn plan(graph: &JobGraph, config: &JobConfig) -> Result<Plan, JobError> {
     })
 }
 
-struct Deployment {
+/// The subtasks of one attempt running in this process.
+pub struct Deployment {
     handles: Vec<JoinHandle<()>>,
     mailboxes: Vec<MailboxHandle>,
     credits: Vec<Arc<Credit>>,
@@ -334,8 +337,47 @@ struct Deployment {
     infos: Vec<TaskInfo>,
 }
 
+/// A running attempt, as the job master sees it.
+pub trait Deployed: Send {
+    /// Every subtask, in global order.
+    fn infos(&self) -> &[TaskInfo];
+    /// Stops every subtask and waits until they stopped.
+    fn cancel(self: Box<Self>);
+    /// Waits for subtasks that are finishing on their own.
+    fn join(self: Box<Self>);
+}
+
+/// Runs the subtasks of attempts: in this process, or on workers.
+pub trait Executor: Send {
+    /// Deploys every subtask of an attempt.
+    fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError>;
+}
+
+/// Runs every subtask in this process (embedded mode).
+pub struct LocalExecutor;
+
+impl Executor for LocalExecutor {
+    fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError> {
+        let placement = Placement::local(req.plan.total);
+        Ok(Box::new(deploy(req, &placement)?))
+    }
+}
+
+impl Deployed for Deployment {
+    fn infos(&self) -> &[TaskInfo] {
+        &self.infos
+    }
+    fn cancel(self: Box<Self>) {
+        Deployment::cancel(*self)
+    }
+    fn join(self: Box<Self>) {
+        Deployment::join(*self)
+    }
+}
+
 impl Deployment {
-    fn cancel(self) {
+    /// Stops every subtask and waits for their threads.
+    pub fn cancel(self) {
         for m in &self.mailboxes {
             let _ = m.send(Mail::Cancel);
         }
@@ -345,7 +387,8 @@ impl Deployment {
         self.join();
     }
 
-    fn join(self) {
+    /// Waits for every subtask thread.
+    pub fn join(self) {
         for h in self.handles {
             let _ = h.join();
         }
@@ -365,27 +408,38 @@ type BuiltTask = (
     Option<ChannelStateData>,
 );
 
-struct DeployCtx<'a> {
-    placement: &'a Placement,
-    graph: &'a JobGraph,
-    plan: &'a Plan,
-    config: &'a JobConfig,
-    restored: Option<&'a LoadedCheckpoint>,
-    attempt: u32,
-    events: &'a Sender<JobEvent>,
-    storage: &'a Arc<dyn CheckpointStorage>,
-    job_id: &'a str,
-    injector: &'a Option<Arc<FailureInjector>>,
-    metrics: &'a Arc<JobMetrics>,
+/// Everything needed to deploy an attempt.
+pub struct DeployRequest<'a> {
+    /// The job graph.
+    pub graph: &'a JobGraph,
+    /// Its plan.
+    pub plan: &'a Plan,
+    /// Configuration.
+    pub config: &'a JobConfig,
+    /// The checkpoint to restore.
+    pub restored: Option<&'a LoadedCheckpoint>,
+    /// Attempt number.
+    pub attempt: u32,
+    /// Where subtasks report.
+    pub events: &'a Sender<JobEvent>,
+    /// Checkpoint storage.
+    pub storage: &'a Arc<dyn CheckpointStorage>,
+    /// Job id.
+    pub job_id: &'a str,
+    /// Planned failures.
+    pub injector: &'a Option<Arc<FailureInjector>>,
+    /// Shared counters.
+    pub metrics: &'a Arc<JobMetrics>,
 }
 
-fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
+/// Builds and starts the subtasks `placement` puts in this process.
+pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deployment, TaskError> {
     let graph = cx.graph;
     let plan = cx.plan;
     let checkpointing = cx.config.checkpointing_enabled();
     let offsets = &plan.offsets;
     let total = plan.total;
-    let hosted = &cx.placement.hosted;
+    let hosted = &placement.hosted;
     let mut mail_tx: Vec<Option<Sender<Mail>>> = vec![None; total];
     let mut mail_rx: Vec<Option<Receiver<Mail>>> = (0..total).map(|_| None).collect();
     let mut prio_tx: Vec<Option<Sender<Mail>>> = vec![None; total];
@@ -396,7 +450,7 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
         }
         let (tx, rx) = crossbeam_channel::unbounded::<Mail>();
         let (ptx, prx) = crossbeam_channel::unbounded::<Mail>();
-        if let Some(links) = &cx.placement.links {
+        if let Some(links) = &placement.links {
             links.register_receiver(task, tx.clone(), ptx.clone());
         }
         mail_tx[task] = Some(tx);
@@ -434,7 +488,7 @@ fn deploy(cx: &DeployCtx<'_>) -> Result<Deployment, TaskError> {
                     let upstream_task = offsets[plan.node_vertex[e.from]] + j;
                     let ch = channel_ports[task].len();
                     channel_ports[task].push(e.port);
-                    match (hosted[task], hosted[upstream_task], &cx.placement.links) {
+                    match (hosted[task], hosted[upstream_task], &placement.links) {
                         (true, true, _) => {
                             let credit = Credit::new(CHANNEL_CREDITS_MAX);
                             channel_credits[task].push(credit.clone());
@@ -661,6 +715,16 @@ enum AttemptEnd {
 
 /// Runs a job in this process until it finishes or fails for good.
 pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobError> {
+    run_job_with(graph, opts, &mut LocalExecutor)
+}
+
+/// Runs a job whose subtasks `executor` deploys (in this process, or on workers) until it
+/// finishes or fails for good. This thread is the job master.
+pub fn run_job_with(
+    graph: &JobGraph,
+    opts: RunOptions,
+    executor: &mut dyn Executor,
+) -> Result<JobSummary, JobError> {
     let started = Instant::now();
     let config = &opts.config;
     config
@@ -693,7 +757,7 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
     };
 
     // What to start from.
-    let mut job_id = new_job_id();
+    let mut job_id = opts.job_id.clone().unwrap_or_else(new_job_id);
     let mut restored: Option<LoadedCheckpoint> = None;
     let mut started_fresh = false;
     let mut claimed = false;
@@ -824,9 +888,7 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
                 init(pending).map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
             }
         }
-        let placement = Placement::local(plan.total);
-        let cx = DeployCtx {
-            placement: &placement,
+        let cx = DeployRequest {
             graph,
             plan: &plan,
             config,
@@ -839,28 +901,48 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
             metrics: &metrics,
         };
         status.set_state(JobState::Running);
-        let deployment = match deploy(&cx) {
+        let deployment = match executor.deploy(&cx) {
             Ok(d) => d,
-            Err(e) if attempt == 0 => return Err(JobError::Setup(e.to_string())),
+            Err(e) if attempt == 0 => {
+                status.set_state(JobState::Failed);
+                return Err(JobError::Setup(e.to_string()));
+            }
             Err(e) => {
-                return Err(JobError::Failed {
-                    restarts: restart_count,
-                    cause: e.to_string(),
-                    reason: "the job could not be redeployed".into(),
-                })
+                let cause = format!("the job could not be redeployed: {e}");
+                warn!("job attempt {attempt} failed: {cause}");
+                match restarts.on_failure(Instant::now()) {
+                    Ok(delay) => {
+                        restart_count += 1;
+                        attempt += 1;
+                        status.update(|v| {
+                            v.state = JobState::Restarting;
+                            v.restarts = restart_count;
+                        });
+                        std::thread::sleep(delay);
+                        continue;
+                    }
+                    Err(reason) => {
+                        status.set_state(JobState::Failed);
+                        return Err(JobError::Failed {
+                            restarts: restart_count,
+                            cause,
+                            reason,
+                        });
+                    }
+                }
             }
         };
         if let Some(c) = coordinator.as_mut() {
-            c.start_attempt(attempt, deployment.infos.clone());
+            c.start_attempt(attempt, deployment.infos().to_vec());
         }
         let sources: Vec<usize> = deployment
-            .infos
+            .infos()
             .iter()
             .enumerate()
             .filter(|(_, t)| t.is_source)
             .map(|(i, _)| i)
             .collect();
-        let total = deployment.infos.len();
+        let total = deployment.infos().len();
         let mut exhausted = vec![false; total];
         let mut exhausted_count = 0;
         let mut final_checkpoint: Option<u64> = None;
@@ -896,7 +978,9 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
                                     if !end_sent && done.iter().any(|&d| d >= f) {
                                         end_sent = true;
                                         for &s in &sources {
-                                            let _ = deployment.mailboxes[s].send(Mail::EndOfInput);
+                                            let _ = deployment.infos()[s]
+                                                .mailbox
+                                                .send(Mail::EndOfInput);
                                         }
                                     }
                                 }
@@ -921,6 +1005,9 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
                         exhausted[task] = true;
                         exhausted_count += 1;
                     }
+                }
+                Some(JobEvent::Lost { attempt: a, reason }) if a == attempt => {
+                    failure = Some(reason);
                 }
                 Some(JobEvent::Exited {
                     attempt: a, result, ..

@@ -12,5 +12,7 @@ pub mod restart;
 pub mod status;
 pub mod task;
 
-pub use job::{run_job, InjectSpec, JobError, JobSummary, Progress, RestoreFrom, RunOptions};
+pub use job::{
+    run_job, run_job_with, InjectSpec, JobError, JobSummary, Progress, RestoreFrom, RunOptions,
+};
 pub use status::{JobState, JobStatus, JobStatusView};

@@ -45,6 +45,8 @@ pub enum JobEvent {
         task: usize,
         result: TaskResult,
     },
+    /// Subtasks of the attempt were lost (their worker died).
+    Lost { attempt: u32, reason: String },
 }
 
 /// Counters the progress line and the summary read.

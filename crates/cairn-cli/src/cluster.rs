@@ -1,0 +1,149 @@
+//! `cairn coordinator` and `cairn worker`: cluster mode processes.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use cairn::cluster::coordinator::{Coordinator, CoordinatorOptions};
+use cairn::cluster::worker::{run_worker, WorkerOptions};
+use cairn::config::parse_duration;
+use cairn_rest::{JobRegistry, JobSubmitter};
+use clap::Args;
+
+use crate::run::BuiltinJobs;
+
+/// Default cluster secret: fine on one machine; set `--secret` (or CAIRN_SECRET) elsewhere.
+const DEFAULT_SECRET: &str = "cairn";
+
+#[derive(Args, Debug)]
+pub struct CoordinatorArgs {
+    /// Address workers connect to.
+    #[arg(long, default_value = "127.0.0.1:6123")]
+    bind: String,
+    /// Address of the REST API.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    rest: String,
+    /// Require `Authorization: Bearer TOKEN` on every REST request.
+    #[arg(long, value_name = "TOKEN")]
+    rest_token: Option<String>,
+    /// Checkpoint directory shared by all processes (jobs are resumed from it after a restart).
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: PathBuf,
+    /// Cluster secret workers must present (also CAIRN_SECRET).
+    #[arg(long, env = "CAIRN_SECRET", default_value = DEFAULT_SECRET, hide_env_values = true)]
+    secret: String,
+    /// A worker whose heartbeats stop for this long is declared dead.
+    #[arg(long, default_value = "2s")]
+    heartbeat_timeout: String,
+    /// How long a (re)deployment waits for enough free task slots.
+    #[arg(long, default_value = "30s")]
+    slot_wait: String,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// Coordinator address.
+    #[arg(long, default_value = "127.0.0.1:6123")]
+    coordinator: String,
+    /// Task slots (one subtask of every operator per slot).
+    #[arg(long, default_value_t = 2)]
+    slots: u32,
+    /// Cluster secret (also CAIRN_SECRET).
+    #[arg(long, env = "CAIRN_SECRET", default_value = DEFAULT_SECRET, hide_env_values = true)]
+    secret: String,
+    /// Address to listen on for data from other workers.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    data_bind: String,
+    /// Time between heartbeats.
+    #[arg(long, default_value = "500ms")]
+    heartbeat_interval: String,
+}
+
+fn duration(flag: &str, value: &str) -> Result<Duration> {
+    parse_duration(value).map_err(|e| anyhow!("invalid value '{value}' for {flag}: {e}"))
+}
+
+fn socket_addr(flag: &str, value: &str) -> Result<SocketAddr> {
+    value
+        .to_socket_addrs()
+        .with_context(|| format!("invalid address '{value}' for {flag}"))?
+        .next()
+        .ok_or_else(|| anyhow!("invalid address '{value}' for {flag}"))
+}
+
+struct Submitter {
+    coordinator: Coordinator,
+    registry: JobRegistry,
+}
+
+impl JobSubmitter for Submitter {
+    fn submit(&self, job: &str, args: &[String]) -> std::result::Result<String, String> {
+        let status = self.coordinator.submit(job, args, None, None)?;
+        let jid = status.view().jid;
+        self.registry.register(status);
+        Ok(jid)
+    }
+}
+
+pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    let heartbeat_timeout = duration("--heartbeat-timeout", &args.heartbeat_timeout)?;
+    let slot_wait = duration("--slot-wait", &args.slot_wait)?;
+    let rest_addr = socket_addr("--rest", &args.rest)?;
+    std::fs::create_dir_all(&args.checkpoint_dir).with_context(|| {
+        format!(
+            "cannot create checkpoint directory {}",
+            args.checkpoint_dir.display()
+        )
+    })?;
+    let checkpoint_dir = args.checkpoint_dir.canonicalize().with_context(|| {
+        format!(
+            "cannot open checkpoint directory {}",
+            args.checkpoint_dir.display()
+        )
+    })?;
+    let coordinator = Coordinator::start(CoordinatorOptions {
+        bind: args.bind.clone(),
+        checkpoint_dir,
+        secret: args.secret.clone(),
+        factory: Arc::new(BuiltinJobs),
+        heartbeat_timeout,
+        slot_wait,
+    })
+    .map_err(|e| anyhow!(e))?;
+    let registry = JobRegistry::new();
+    registry.set_submitter(Arc::new(Submitter {
+        coordinator: coordinator.clone(),
+        registry: registry.clone(),
+    }));
+    let server = cairn_rest::serve(rest_addr, registry.clone(), args.rest_token.clone())?;
+    eprintln!(
+        "coordinator listening for workers on {}, REST API on http://{}",
+        coordinator.local_addr(),
+        server.local_addr()
+    );
+    for status in coordinator.resume_recorded_jobs() {
+        registry.register(status);
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+pub fn worker(args: WorkerArgs) -> Result<()> {
+    if args.slots == 0 {
+        bail!("--slots must be at least 1");
+    }
+    let heartbeat_interval = duration("--heartbeat-interval", &args.heartbeat_interval)?;
+    socket_addr("--coordinator", &args.coordinator)?;
+    run_worker(WorkerOptions {
+        coordinator: args.coordinator,
+        slots: args.slots,
+        secret: args.secret,
+        data_bind: args.data_bind,
+        factory: Arc::new(BuiltinJobs),
+        heartbeat_interval,
+    })
+    .map_err(|e| anyhow!(e))
+}

@@ -1,0 +1,258 @@
+//! Client commands against a running REST API: `submit`, `list`, `status`, `cancel`, and
+//! `checkpoints ID --rest URL`.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::client::{segment, Method, RestArgs};
+use crate::human;
+
+/// How long `submit` waits for the coordinator to accept a job (it may plan and deploy it
+/// before answering); other requests use [`crate::client::TIMEOUT`].
+const SUBMIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    rest: RestArgs,
+    /// The built-in job (e.g. wordcount), then its flags as `cairn run JOB` takes them (e.g. --generate 1000 --output DIR). Everything after JOB goes to the job verbatim, so put --rest and --rest-token before it.
+    #[arg(
+        value_names = ["JOB", "FLAGS"],
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    job: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    rest: RestArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct JobArgs {
+    /// The job id (see `cairn list`).
+    id: String,
+    #[command(flatten)]
+    rest: RestArgs,
+}
+
+/// `cairn submit JOB [FLAGS...]`: prints the new job's id (the last line of stdout).
+pub fn submit(args: SubmitArgs) -> Result<()> {
+    let client = args.rest.client()?.with_timeout(SUBMIT_TIMEOUT);
+    let Some((job, job_args)) = args.job.split_first() else {
+        bail!("submit needs a job name");
+    };
+    if job.starts_with('-') {
+        bail!("unexpected option '{job}' for submit: options of submit go before the job name, the job's flags after it");
+    }
+    let body = json!({ "job": job, "args": job_args });
+    let answer = client.request(Method::Post, "/jobs", Some(&body))?;
+    let Some(jid) = answer.get("jobid").and_then(Value::as_str) else {
+        bail!(
+            "unexpected answer from coordinator at {}: no job id in {answer}",
+            client.url()
+        );
+    };
+    println!("{jid}");
+    Ok(())
+}
+
+/// `cairn list`: one line per job: id, state, name.
+pub fn list(args: ListArgs) -> Result<()> {
+    let client = args.rest.client()?;
+    let answer = client.get("/jobs/overview")?;
+    let Some(jobs) = answer.get("jobs").and_then(Value::as_array) else {
+        bail!(
+            "unexpected answer from coordinator at {}: no job list",
+            client.url()
+        );
+    };
+    if jobs.is_empty() {
+        eprintln!("no jobs at {}", client.url());
+    }
+    for job in jobs {
+        println!(
+            "{}  {:<10}  {}",
+            text(&job["jid"]),
+            text(&job["state"]),
+            text(&job["name"])
+        );
+    }
+    Ok(())
+}
+
+/// `cairn status ID`: the job's details and checkpoint counts.
+pub fn status(args: JobArgs) -> Result<()> {
+    let client = args.rest.client()?;
+    let id = segment(&args.id);
+    let job = client.get(&format!("/jobs/{id}"))?;
+    let checkpoints = client.get(&format!("/jobs/{id}/checkpoints"))?;
+
+    let time = |v: &Value| match v.as_u64() {
+        Some(ms) => format!("{} UTC", human::utc(ms)),
+        None => "-".into(),
+    };
+    let mut lines = vec![
+        ("job", text(&job["jid"])),
+        ("name", text(&job["name"])),
+        ("state", text(&job["state"])),
+        ("started", time(&job["start-time"])),
+        ("ended", time(&job["end-time"])),
+        (
+            "duration",
+            job["duration"]
+                .as_u64()
+                .map_or("-".into(), human::duration_ms),
+        ),
+        ("restarts", text(&job["restarts"])),
+        ("failure", text(&job["failure-cause"])),
+    ];
+    let counts = &checkpoints["counts"];
+    let count = |k: &str| counts[k].as_u64().unwrap_or(0);
+    lines.push((
+        "checkpoints",
+        format!(
+            "{} completed, {} in progress, {} failed ({} triggered)",
+            count("completed"),
+            count("in_progress"),
+            count("failed"),
+            count("triggered")
+        ),
+    ));
+    let latest = &checkpoints["latest"]["completed"];
+    if latest.is_object() {
+        lines.push((
+            "latest",
+            format!(
+                "#{} at {}: {}, {}",
+                text(&latest["id"]),
+                time(&latest["latest_ack_timestamp"]),
+                latest["end_to_end_duration"]
+                    .as_u64()
+                    .map_or("-".into(), human::duration_ms),
+                latest["state_size"]
+                    .as_u64()
+                    .map_or("-".into(), human::bytes)
+            ),
+        ));
+    }
+    for (key, value) in lines {
+        println!("{:<12} {value}", format!("{key}:"));
+    }
+    Ok(())
+}
+
+/// `cairn cancel ID`.
+pub fn cancel(args: JobArgs) -> Result<()> {
+    let client = args.rest.client()?;
+    let path = format!("/jobs/{}?mode=cancel", segment(&args.id));
+    client.request(Method::Patch, &path, None)?;
+    println!("cancellation of job {} requested", args.id);
+    Ok(())
+}
+
+/// `cairn checkpoints ID --rest URL`: the completed checkpoints the REST API remembers, oldest
+/// first, with the per-subtask maxima of their timings.
+pub fn checkpoints(id: &str, rest: &RestArgs) -> Result<()> {
+    let client = rest.client()?;
+    let answer = client.get(&format!("/jobs/{}/checkpoints", segment(id)))?;
+    let counts = &answer["counts"];
+    let count = |k: &str| counts[k].as_u64().unwrap_or(0);
+    let history = answer["history"].as_array().cloned().unwrap_or_default();
+    println!(
+        "job {id}: {} completed, {} in progress, {} failed",
+        count("completed"),
+        count("in_progress"),
+        count("failed")
+    );
+    if history.is_empty() {
+        println!("no completed checkpoints");
+        return Ok(());
+    }
+    println!(
+        "{:>6}  {:<19}  {:>10}  {:>9}  {:>9}  {:>9}  {:>10}  {:>10}  {:>9}  STATUS",
+        "ID",
+        "TIME (UTC)",
+        "SIZE",
+        "DURATION",
+        "SYNC MAX",
+        "ASYNC MAX",
+        "ALIGN MAX",
+        "IN-FLIGHT",
+        "UNALIGNED"
+    );
+    // The API answers newest first; list oldest first, as for a directory.
+    for c in history.iter().rev() {
+        let tasks = c["tasks"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let max_ms = |field: &str| {
+            tasks
+                .iter()
+                .filter_map(|t| t[field].as_u64())
+                .max()
+                .map_or("-".to_string(), |ms| format!("{ms} ms"))
+        };
+        let inflight: Vec<u64> = tasks
+            .iter()
+            .filter_map(|t| t["channel_state_size"].as_u64())
+            .collect();
+        let inflight = if inflight.is_empty() {
+            "-".to_string()
+        } else {
+            human::bytes(inflight.iter().sum())
+        };
+        let unaligned: Vec<bool> = tasks
+            .iter()
+            .filter_map(|t| t["unaligned"].as_bool())
+            .collect();
+        let unaligned = match (unaligned.is_empty(), unaligned.contains(&true)) {
+            (true, _) => "-",
+            (false, true) => "yes",
+            (false, false) => "no",
+        };
+        println!(
+            "{:>6}  {:<19}  {:>10}  {:>9}  {:>9}  {:>9}  {:>10}  {:>10}  {:>9}  {}",
+            text(&c["id"]),
+            c["latest_ack_timestamp"]
+                .as_u64()
+                .map_or("-".into(), human::utc),
+            c["state_size"].as_u64().map_or("-".into(), human::bytes),
+            c["end_to_end_duration"]
+                .as_u64()
+                .map_or("-".into(), |ms| format!("{ms} ms")),
+            max_ms("sync_ms"),
+            max_ms("async_ms"),
+            max_ms("alignment_ms"),
+            inflight,
+            unaligned,
+            text(&c["status"]),
+        );
+    }
+    let shown = history.len() as u64;
+    if count("completed") > shown {
+        println!(
+            "(the newest {shown} of {} completed checkpoints)",
+            count("completed")
+        );
+    }
+    Ok(())
+}
+
+/// A JSON value as text: strings without quotes, null and absent as `-`, control characters
+/// (from a server) as spaces.
+fn text(v: &Value) -> String {
+    let s = match v {
+        Value::Null => return "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}

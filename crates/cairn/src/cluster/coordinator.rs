@@ -1,0 +1,650 @@
+//! The coordinator process: accepts workers, watches their heartbeats, and runs one job master
+//! (the embedded job master loop with a [`ClusterExecutor`]) per submitted job.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use tracing::{info, warn};
+
+use super::frame::{read_frame, write_frame};
+use super::protocol::{secrets_match, DeploySpec, RestoreRef, ToCoordinator, ToWorker, WireEvent};
+use super::JobFactory;
+use crate::checkpoint::coordinator::TaskInfo;
+use crate::error::TaskError;
+use crate::runtime::channel::{ControlMail, MailboxHandle, RemoteMailbox};
+use crate::runtime::job::{plan, DeployRequest, Deployed, Executor};
+use crate::runtime::status::JobStatus;
+use crate::runtime::task::JobEvent;
+use crate::runtime::{run_job_with, JobError, RestoreFrom, RunOptions};
+
+/// How to run a coordinator.
+#[derive(Clone)]
+pub struct CoordinatorOptions {
+    /// Address workers connect to.
+    pub bind: String,
+    /// Checkpoint directory shared by all processes.
+    pub checkpoint_dir: PathBuf,
+    /// Shared cluster secret workers must present.
+    pub secret: String,
+    /// Builds jobs by name.
+    pub factory: Arc<dyn JobFactory>,
+    /// A worker silent for this long is dead.
+    pub heartbeat_timeout: Duration,
+    /// How long a (re)deployment waits for enough free slots.
+    pub slot_wait: Duration,
+}
+
+type Writer = Arc<Mutex<TcpStream>>;
+
+struct WorkerHandle {
+    slots: u32,
+    data_addr: String,
+    writer: Writer,
+    last_heartbeat: Mutex<Instant>,
+}
+
+struct JobEntry {
+    events: Option<Sender<JobEvent>>,
+    attempt: u32,
+    workers: Vec<u32>,
+    status: Arc<JobStatus>,
+    cancel_acks: HashMap<u32, bool>,
+}
+
+struct Inner {
+    opts: CoordinatorOptions,
+    workers: Mutex<BTreeMap<u32, Arc<WorkerHandle>>>,
+    workers_changed: Condvar,
+    jobs: Mutex<HashMap<String, JobEntry>>,
+    jobs_changed: Condvar,
+    next_worker: AtomicU32,
+    addr: SocketAddr,
+}
+
+/// A running coordinator.
+#[derive(Clone)]
+pub struct Coordinator {
+    inner: Arc<Inner>,
+}
+
+fn send<T: serde::Serialize>(w: &Writer, msg: &T) -> bool {
+    match w.lock() {
+        Ok(mut s) => write_frame(&mut *s, msg).is_ok(),
+        Err(_) => false,
+    }
+}
+
+impl Coordinator {
+    /// Binds the worker port and starts accepting workers.
+    pub fn start(opts: CoordinatorOptions) -> Result<Coordinator, String> {
+        let listener = TcpListener::bind(&opts.bind)
+            .map_err(|e| format!("cannot listen for workers on {}: {e}", opts.bind))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let inner = Arc::new(Inner {
+            opts,
+            workers: Mutex::new(BTreeMap::new()),
+            workers_changed: Condvar::new(),
+            jobs: Mutex::new(HashMap::new()),
+            jobs_changed: Condvar::new(),
+            next_worker: AtomicU32::new(1),
+            addr,
+        });
+        let acc = inner.clone();
+        std::thread::Builder::new()
+            .name("worker-accept".into())
+            .spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let inner = acc.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("worker-conn".into())
+                        .spawn(move || serve_worker(inner, stream));
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        let mon = inner.clone();
+        std::thread::Builder::new()
+            .name("heartbeat-monitor".into())
+            .spawn(move || monitor(mon))
+            .map_err(|e| e.to_string())?;
+        Ok(Coordinator { inner })
+    }
+
+    /// The address workers connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// Every job submitted to this coordinator.
+    pub fn jobs(&self) -> Vec<Arc<JobStatus>> {
+        self.inner
+            .jobs
+            .lock()
+            .map(|j| j.values().map(|e| e.status.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Free slots of live workers.
+    pub fn slots(&self) -> u32 {
+        self.inner
+            .workers
+            .lock()
+            .map(|w| w.values().map(|h| h.slots).sum())
+            .unwrap_or(0)
+    }
+
+    /// Submits job `job` with `cairn run`-style flags; returns its status (the job id is in it).
+    /// `restore` resumes from a checkpoint (coordinator restart).
+    pub fn submit(
+        &self,
+        job: &str,
+        args: &[String],
+        restore: Option<RestoreFrom>,
+        job_id: Option<String>,
+    ) -> Result<Arc<JobStatus>, String> {
+        let (graph, mut config) = self.inner.opts.factory.build(job, args)?;
+        config.checkpoints_dir = Some(self.inner.opts.checkpoint_dir.clone());
+        if config.checkpoint_interval.is_none() {
+            config.checkpoint_interval = Some(Duration::from_secs(1));
+        }
+        plan(&graph, &config).map_err(|e| e.to_string())?;
+        let job_id = job_id.unwrap_or_else(|| format!("{:032x}", fastrand::u128(..)));
+        let status = JobStatus::new(job_id.clone(), graph.name().to_string(), config.describe());
+        if let Ok(mut jobs) = self.inner.jobs.lock() {
+            jobs.insert(
+                job_id.clone(),
+                JobEntry {
+                    events: None,
+                    attempt: 0,
+                    workers: Vec::new(),
+                    status: status.clone(),
+                    cancel_acks: HashMap::new(),
+                },
+            );
+        }
+        // Remember how to rebuild the job, so a restarted coordinator can resume it.
+        let spec_path = self.inner.opts.checkpoint_dir.join(&job_id).join("_job");
+        let spec = serde_json_line(job, args);
+        if let Some(dir) = spec_path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        if let Err(e) = std::fs::write(&spec_path, spec) {
+            warn!("cannot record job {job_id} in {}: {e}", spec_path.display());
+        }
+        let inner = self.inner.clone();
+        let name = job.to_string();
+        let args = args.to_vec();
+        let status2 = status.clone();
+        std::thread::Builder::new()
+            .name(format!("job-{}", &job_id[..8.min(job_id.len())]))
+            .spawn(move || {
+                let mut executor = ClusterExecutor {
+                    inner: inner.clone(),
+                    job_id: job_id.clone(),
+                    job: name,
+                    args,
+                };
+                let opts = RunOptions {
+                    config,
+                    restore,
+                    status: Some(status2),
+                    job_id: Some(job_id.clone()),
+                    ..RunOptions::default()
+                };
+                let result = run_job_with(&graph, opts, &mut executor);
+                match &result {
+                    Ok(s) => {
+                        info!(
+                            "job {job_id} finished: {} checkpoints, {} restarts",
+                            s.checkpoints.len(),
+                            s.restarts
+                        );
+                        let _ = std::fs::write(
+                            inner.opts.checkpoint_dir.join(&job_id).join("_finished"),
+                            b"",
+                        );
+                    }
+                    Err(JobError::Canceled) => {
+                        info!("job {job_id} cancelled");
+                        let _ = std::fs::write(
+                            inner.opts.checkpoint_dir.join(&job_id).join("_finished"),
+                            b"",
+                        );
+                    }
+                    Err(e) => warn!("job {job_id} failed: {e}"),
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(status)
+    }
+
+    /// Resumes the jobs recorded in the checkpoint directory that did not finish.
+    pub fn resume_recorded_jobs(&self) -> Vec<Arc<JobStatus>> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&self.inner.opts.checkpoint_dir) else {
+            return out;
+        };
+        for e in entries.flatten() {
+            let dir = e.path();
+            let spec = dir.join("_job");
+            if !spec.is_file() || dir.join("_finished").exists() {
+                continue;
+            }
+            let Some(job_id) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let Some((job, args)) = std::fs::read_to_string(&spec)
+                .ok()
+                .and_then(|t| parse_json_line(&t))
+            else {
+                warn!("cannot read {}; job {job_id} not resumed", spec.display());
+                continue;
+            };
+            info!("resuming job {job_id} ({job}) from its latest checkpoint");
+            match self.submit(&job, &args, Some(RestoreFrom::Latest), Some(job_id.clone())) {
+                Ok(s) => out.push(s),
+                Err(e) => warn!("cannot resume job {job_id}: {e}"),
+            }
+        }
+        out
+    }
+}
+
+fn serde_json_line(job: &str, args: &[String]) -> String {
+    // A tiny, dependency-free encoding: one field per line, job first.
+    let mut s = String::new();
+    for f in std::iter::once(job).chain(args.iter().map(|a| a.as_str())) {
+        s.push_str(&f.replace('\\', "\\\\").replace('\n', "\\n"));
+        s.push('\n');
+    }
+    s
+}
+
+fn parse_json_line(text: &str) -> Option<(String, Vec<String>)> {
+    let mut fields = text
+        .lines()
+        .map(|l| l.replace("\\n", "\n").replace("\\\\", "\\"));
+    let job = fields.next()?;
+    Some((job, fields.collect()))
+}
+
+fn notify_jobs_of_lost_worker(inner: &Inner, worker: u32, reason: &str) {
+    if let Ok(mut jobs) = inner.jobs.lock() {
+        for entry in jobs.values_mut() {
+            entry.cancel_acks.remove(&worker);
+            if entry.workers.contains(&worker) {
+                if let Some(events) = &entry.events {
+                    let _ = events.send(JobEvent::Lost {
+                        attempt: entry.attempt,
+                        reason: format!("worker {worker} lost: {reason}"),
+                    });
+                }
+            }
+        }
+        inner.jobs_changed.notify_all();
+    }
+}
+
+fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let Ok(mut reader) = stream.try_clone() else {
+        return;
+    };
+    let writer: Writer = Arc::new(Mutex::new(stream));
+    let mut buf = Vec::new();
+    let (slots, data_addr) = match read_frame::<_, ToCoordinator>(&mut reader, &mut buf) {
+        Ok(ToCoordinator::Register {
+            secret,
+            slots,
+            data_addr,
+        }) => {
+            if !secrets_match(&secret, &inner.opts.secret) {
+                warn!("worker at {peer} rejected: wrong cluster secret");
+                let _ = send(
+                    &writer,
+                    &ToWorker::Rejected {
+                        reason: "wrong cluster secret".into(),
+                    },
+                );
+                return;
+            }
+            (slots, data_addr)
+        }
+        Ok(other) => {
+            warn!("connection from {peer} closed: expected a registration, got {other:?}");
+            return;
+        }
+        Err(e) => {
+            warn!("connection from {peer} closed: {e}");
+            return;
+        }
+    };
+    let _ = reader.set_read_timeout(None);
+    let id = inner.next_worker.fetch_add(1, Ordering::Relaxed);
+    if !send(&writer, &ToWorker::Registered { worker_id: id }) {
+        return;
+    }
+    let handle = Arc::new(WorkerHandle {
+        slots,
+        data_addr,
+        writer: writer.clone(),
+        last_heartbeat: Mutex::new(Instant::now()),
+    });
+    if let Ok(mut w) = inner.workers.lock() {
+        w.insert(id, handle.clone());
+        inner.workers_changed.notify_all();
+    }
+    info!("worker {id} registered from {peer} with {slots} slots");
+    let reason = loop {
+        match read_frame::<_, ToCoordinator>(&mut reader, &mut buf) {
+            Ok(ToCoordinator::Heartbeat) => {
+                if let Ok(mut t) = handle.last_heartbeat.lock() {
+                    *t = Instant::now();
+                }
+            }
+            Ok(ToCoordinator::Event { job_id, event }) => route_event(&inner, &job_id, event),
+            Ok(ToCoordinator::AttemptCancelled { job_id, attempt }) => {
+                if let Ok(mut jobs) = inner.jobs.lock() {
+                    if let Some(j) = jobs.get_mut(&job_id) {
+                        if j.attempt == attempt {
+                            j.cancel_acks.insert(id, true);
+                        }
+                    }
+                    inner.jobs_changed.notify_all();
+                }
+            }
+            Ok(ToCoordinator::Register { .. }) => break "registered twice".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    if let Ok(mut w) = inner.workers.lock() {
+        w.remove(&id);
+        inner.workers_changed.notify_all();
+    }
+    if let Ok(s) = writer.lock() {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    warn!("worker {id} ({peer}) is gone: {reason}");
+    notify_jobs_of_lost_worker(&inner, id, &reason);
+}
+
+fn route_event(inner: &Inner, job_id: &str, event: WireEvent) {
+    let events = inner
+        .jobs
+        .lock()
+        .ok()
+        .and_then(|j| j.get(job_id).and_then(|e| e.events.clone()));
+    let Some(events) = events else { return };
+    let e = match event {
+        WireEvent::Ack(a) => JobEvent::Ack(a),
+        WireEvent::Decline {
+            checkpoint_id,
+            attempt,
+            reason,
+        } => JobEvent::Decline {
+            checkpoint_id,
+            attempt,
+            reason,
+        },
+        WireEvent::SourceExhausted { attempt, task } => JobEvent::SourceExhausted { attempt, task },
+        WireEvent::Exited {
+            attempt,
+            task,
+            error,
+        } => JobEvent::Exited {
+            attempt,
+            task,
+            result: match error {
+                None => Ok(()),
+                Some(m) if m == TaskError::Cancelled.to_string() => Err(TaskError::Cancelled),
+                Some(m) => Err(TaskError::Failed(m)),
+            },
+        },
+    };
+    let _ = events.send(e);
+}
+
+fn monitor(inner: Arc<Inner>) {
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let Ok(workers) = inner.workers.lock() else {
+            return;
+        };
+        for (id, w) in workers.iter() {
+            let silent = w
+                .last_heartbeat
+                .lock()
+                .map(|t| t.elapsed())
+                .unwrap_or_default();
+            if silent > inner.opts.heartbeat_timeout {
+                warn!("worker {id} missed its heartbeats for {silent:?}; declaring it dead");
+                // Closing the connection makes its reader thread clean up and notify the jobs.
+                if let Ok(s) = w.writer.lock() {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+            }
+        }
+    }
+}
+
+struct RemoteTask {
+    writer: Writer,
+    job_id: String,
+    attempt: u32,
+    task: usize,
+}
+
+impl RemoteMailbox for RemoteTask {
+    fn send(&self, mail: ControlMail) -> bool {
+        send(
+            &self.writer,
+            &ToWorker::Mail {
+                job_id: self.job_id.clone(),
+                attempt: self.attempt,
+                task: self.task,
+                mail,
+            },
+        )
+    }
+}
+
+/// Deploys a job's subtasks onto workers' slots.
+pub struct ClusterExecutor {
+    inner: Arc<Inner>,
+    job_id: String,
+    job: String,
+    args: Vec<String>,
+}
+
+struct ClusterDeployment {
+    inner: Arc<Inner>,
+    job_id: String,
+    attempt: u32,
+    workers: Vec<(u32, Writer)>,
+    infos: Vec<TaskInfo>,
+}
+
+impl Executor for ClusterExecutor {
+    fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError> {
+        let needed = req.plan.slots_needed();
+        // Wait for enough slots (a new worker may join at any time).
+        let deadline = Instant::now() + self.inner.opts.slot_wait;
+        let workers: Vec<(u32, Arc<WorkerHandle>)> = {
+            let mut w = self
+                .inner
+                .workers
+                .lock()
+                .map_err(|_| TaskError::Cancelled)?;
+            loop {
+                let have: u32 = w.values().map(|h| h.slots).sum();
+                if have >= needed {
+                    break w.iter().map(|(id, h)| (*id, h.clone())).collect();
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(TaskError::msg(format!(
+                        "not enough task slots: the job needs {needed}, the live workers offer {have}"
+                    )));
+                }
+                w = self
+                    .inner
+                    .workers_changed
+                    .wait_timeout(w, deadline - now)
+                    .map_err(|_| TaskError::Cancelled)?
+                    .0;
+            }
+        };
+        // Slot s holds subtask s of every vertex (slot sharing).
+        let mut slot_owner = Vec::with_capacity(needed as usize);
+        for (id, h) in &workers {
+            for _ in 0..h.slots {
+                slot_owner.push(*id);
+            }
+        }
+        let descriptions = req.plan.task_descriptions(req.graph);
+        let assignment: Vec<u32> = descriptions
+            .iter()
+            .map(|d| slot_owner[d.subtask as usize])
+            .collect();
+        let used: Vec<u32> = {
+            let mut u = assignment.clone();
+            u.sort_unstable();
+            u.dedup();
+            u
+        };
+        let restore = req.restored.map(|c| RestoreRef {
+            root: c
+                .storage_root
+                .clone()
+                .unwrap_or_else(|| self.inner.opts.checkpoint_dir.clone()),
+            job_id: c.metadata.job_id.clone(),
+            checkpoint_id: c.id(),
+        });
+        let spec = DeploySpec {
+            job_id: self.job_id.clone(),
+            attempt: req.attempt,
+            job: self.job.clone(),
+            args: self.args.clone(),
+            checkpoint_dir: Some(self.inner.opts.checkpoint_dir.clone()),
+            restore,
+            assignment: assignment.clone(),
+            workers: workers
+                .iter()
+                .map(|(id, h)| (*id, h.data_addr.clone()))
+                .collect(),
+        };
+        if let Ok(mut jobs) = self.inner.jobs.lock() {
+            if let Some(j) = jobs.get_mut(&self.job_id) {
+                j.events = Some(req.events.clone());
+                j.attempt = req.attempt;
+                j.workers = used.clone();
+                j.cancel_acks.clear();
+            }
+        }
+        let writers: Vec<(u32, Writer)> = workers
+            .iter()
+            .filter(|(id, _)| used.contains(id))
+            .map(|(id, h)| (*id, h.writer.clone()))
+            .collect();
+        for (id, w) in &writers {
+            if !send(w, &ToWorker::Deploy(Box::new(spec.clone()))) {
+                return Err(TaskError::msg(format!("worker {id} is unreachable")));
+            }
+        }
+        let infos = descriptions
+            .into_iter()
+            .enumerate()
+            .map(|(task, d)| {
+                let writer = writers
+                    .iter()
+                    .find(|(id, _)| *id == assignment[task])
+                    .map(|(_, w)| w.clone())
+                    .unwrap_or_else(|| writers[0].1.clone());
+                TaskInfo {
+                    name: d.name,
+                    subtask: d.subtask,
+                    is_source: d.is_source,
+                    mailbox: MailboxHandle::Remote(Arc::new(RemoteTask {
+                        writer,
+                        job_id: self.job_id.clone(),
+                        attempt: req.attempt,
+                        task,
+                    })),
+                    operators: d.operators,
+                }
+            })
+            .collect();
+        info!(
+            "job {}: attempt {} deployed on workers {used:?}",
+            self.job_id, req.attempt
+        );
+        Ok(Box::new(ClusterDeployment {
+            inner: self.inner.clone(),
+            job_id: self.job_id.clone(),
+            attempt: req.attempt,
+            workers: writers,
+            infos,
+        }))
+    }
+}
+
+impl Deployed for ClusterDeployment {
+    fn infos(&self) -> &[TaskInfo] {
+        &self.infos
+    }
+
+    fn cancel(self: Box<Self>) {
+        for (_, w) in &self.workers {
+            let _ = send(
+                w,
+                &ToWorker::CancelAttempt {
+                    job_id: self.job_id.clone(),
+                    attempt: self.attempt,
+                },
+            );
+        }
+        // Wait until every live worker stopped the attempt's subtasks, so that the next attempt
+        // never overlaps with this one.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let Ok(mut jobs) = self.inner.jobs.lock() else {
+            return;
+        };
+        loop {
+            let live: Vec<u32> = self
+                .inner
+                .workers
+                .lock()
+                .map(|w| w.keys().copied().collect())
+                .unwrap_or_default();
+            let pending = self.workers.iter().any(|(id, _)| {
+                live.contains(id)
+                    && !jobs
+                        .get(&self.job_id)
+                        .is_some_and(|j| j.cancel_acks.get(id).copied().unwrap_or(false))
+            });
+            let now = Instant::now();
+            if !pending || now >= deadline {
+                return;
+            }
+            jobs = match self
+                .inner
+                .jobs_changed
+                .wait_timeout(jobs, (deadline - now).min(Duration::from_millis(100)))
+            {
+                Ok(g) => g.0,
+                Err(_) => return,
+            };
+        }
+    }
+
+    fn join(self: Box<Self>) {}
+}

@@ -1,0 +1,177 @@
+//! Messages between coordinator and workers (control connections) and between workers (data
+//! connections). Both travel as [`super::frame`]s.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::TaskAck;
+use crate::runtime::channel::{ControlMail, DataFrame};
+
+/// Worker → coordinator.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ToCoordinator {
+    /// First message: who the worker is.
+    Register {
+        /// Shared cluster secret.
+        secret: String,
+        /// Task slots offered.
+        slots: u32,
+        /// Where other workers reach its data port.
+        data_addr: String,
+    },
+    /// Still alive.
+    Heartbeat,
+    /// Something a subtask reports to its job master.
+    Event {
+        /// Job id.
+        job_id: String,
+        /// The event.
+        event: WireEvent,
+    },
+    /// Every subtask of the attempt stopped.
+    AttemptCancelled {
+        /// Job id.
+        job_id: String,
+        /// Attempt.
+        attempt: u32,
+    },
+}
+
+/// A subtask's report, as it crosses the network.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum WireEvent {
+    /// Checkpoint acknowledgement.
+    Ack(TaskAck),
+    /// Checkpoint declined.
+    Decline {
+        /// Checkpoint id.
+        checkpoint_id: u64,
+        /// Attempt.
+        attempt: u32,
+        /// Why.
+        reason: String,
+    },
+    /// A source read all its splits.
+    SourceExhausted {
+        /// Attempt.
+        attempt: u32,
+        /// Global task index.
+        task: usize,
+    },
+    /// A subtask ended (error: why it failed; "task cancelled" when cancelled).
+    Exited {
+        /// Attempt.
+        attempt: u32,
+        /// Global task index.
+        task: usize,
+        /// None on success.
+        error: Option<String>,
+    },
+}
+
+/// Where the checkpoint to restore is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestoreRef {
+    /// Checkpoint storage root directory (shared by all processes).
+    pub root: PathBuf,
+    /// Job directory name.
+    pub job_id: String,
+    /// Checkpoint id.
+    pub checkpoint_id: u64,
+}
+
+/// What a worker must run for one attempt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeploySpec {
+    /// Job id.
+    pub job_id: String,
+    /// Attempt.
+    pub attempt: u32,
+    /// Registered job name.
+    pub job: String,
+    /// Job flags (as for `cairn run`).
+    pub args: Vec<String>,
+    /// Checkpoint directory.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint to restore from.
+    pub restore: Option<RestoreRef>,
+    /// Worker id of every global task index.
+    pub assignment: Vec<u32>,
+    /// Data address of every worker in the assignment.
+    pub workers: Vec<(u32, String)>,
+}
+
+/// Coordinator → worker.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// Registration accepted.
+    Registered {
+        /// The worker's id.
+        worker_id: u32,
+    },
+    /// Registration refused.
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+    /// Run subtasks of an attempt.
+    Deploy(Box<DeploySpec>),
+    /// Control mail for a subtask.
+    Mail {
+        /// Job id.
+        job_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Global task index.
+        task: usize,
+        /// The mail.
+        mail: ControlMail,
+    },
+    /// Stop every subtask of an attempt.
+    CancelAttempt {
+        /// Job id.
+        job_id: String,
+        /// Attempt.
+        attempt: u32,
+    },
+}
+
+/// Worker ↔ worker, on a data connection.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum DataMsg {
+    /// First message of the connecting worker.
+    Hello {
+        /// Shared cluster secret.
+        secret: String,
+        /// Job id.
+        job_id: String,
+        /// Attempt.
+        attempt: u32,
+    },
+    /// A channel's frame, towards the receiving task.
+    Frame {
+        /// Global index of the receiving task.
+        task: u32,
+        /// Its input channel.
+        channel: u32,
+        /// The frame.
+        frame: DataFrame,
+    },
+    /// A credit back to the sender of a channel.
+    Credit {
+        /// Global index of the receiving task.
+        task: u32,
+        /// Its input channel.
+        channel: u32,
+    },
+}
+
+/// Compares secrets in constant time.
+pub fn secrets_match(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

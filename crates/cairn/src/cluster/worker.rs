@@ -1,0 +1,695 @@
+//! The worker process: registers with the coordinator, heartbeats, runs the subtasks deployed
+//! onto its slots, and exchanges channel data with other workers.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use tracing::{info, warn};
+
+use super::frame::{read_frame, write_frame, FrameError};
+use super::protocol::{secrets_match, DataMsg, DeploySpec, ToCoordinator, ToWorker, WireEvent};
+use super::JobFactory;
+use crate::checkpoint::load_checkpoint;
+use crate::error::TaskError;
+use crate::runtime::channel::{
+    ChannelSender, Credit, CreditReturn, DataFrame, Element, Mail, RemoteChannel,
+};
+use crate::runtime::job::{deploy, plan, DataLinks, DeployRequest, Deployment, Placement};
+use crate::runtime::task::{JobEvent, JobMetrics};
+use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
+
+/// How to run a worker.
+#[derive(Clone)]
+pub struct WorkerOptions {
+    /// Coordinator address (host:port).
+    pub coordinator: String,
+    /// Task slots offered.
+    pub slots: u32,
+    /// Shared cluster secret.
+    pub secret: String,
+    /// Address to listen on for data connections (port 0: any).
+    pub data_bind: String,
+    /// Builds jobs by name.
+    pub factory: Arc<dyn JobFactory>,
+    /// Time between heartbeats.
+    pub heartbeat_interval: Duration,
+}
+
+type Writer = Arc<Mutex<TcpStream>>;
+
+/// A local subtask's mailbox and priority mailbox.
+type Inbox = (Sender<Mail>, Sender<Mail>);
+
+fn send<T: serde::Serialize>(w: &Writer, msg: &T) -> bool {
+    match w.lock() {
+        Ok(mut s) => write_frame(&mut *s, msg).is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// One attempt's subtasks on this worker and their network endpoints.
+struct AttemptRuntime {
+    spec: DeploySpec,
+    worker_id: u32,
+    secret: String,
+    receivers: Mutex<HashMap<usize, Inbox>>,
+    out_credits: Mutex<HashMap<(usize, usize), Arc<Credit>>>,
+    return_paths: Mutex<HashMap<(usize, usize), Writer>>,
+    peers: Mutex<HashMap<u32, Writer>>,
+    sockets: Mutex<Vec<TcpStream>>,
+    deployment: Mutex<Option<Deployment>>,
+    cancelled: AtomicBool,
+}
+
+impl AttemptRuntime {
+    fn peer(self: &Arc<Self>, worker: u32) -> Result<Writer, TaskError> {
+        let mut peers = self.peers.lock().map_err(|_| TaskError::Cancelled)?;
+        if let Some(w) = peers.get(&worker) {
+            return Ok(w.clone());
+        }
+        let addr = self
+            .spec
+            .workers
+            .iter()
+            .find(|(id, _)| *id == worker)
+            .map(|(_, a)| a.clone())
+            .ok_or_else(|| TaskError::msg(format!("no address for worker {worker}")))?;
+        let stream = TcpStream::connect(&addr).map_err(|e| {
+            TaskError::msg(format!("cannot connect to worker {worker} at {addr}: {e}"))
+        })?;
+        let _ = stream.set_nodelay(true);
+        let mut reader = stream
+            .try_clone()
+            .map_err(|e| TaskError::msg(format!("data connection to {addr}: {e}")))?;
+        let writer: Writer = Arc::new(Mutex::new(stream));
+        let hello = DataMsg::Hello {
+            secret: self.secret.clone(),
+            job_id: self.spec.job_id.clone(),
+            attempt: self.spec.attempt,
+        };
+        if !send(&writer, &hello) {
+            return Err(TaskError::msg(format!(
+                "cannot greet worker {worker} at {addr}"
+            )));
+        }
+        if let Ok(s) = reader.try_clone() {
+            if let Ok(mut socks) = self.sockets.lock() {
+                socks.push(s);
+            }
+        }
+        // Credits come back on the same connection.
+        let me = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name(format!("credits-from-{worker}"))
+            .spawn(move || {
+                let mut buf = Vec::new();
+                while let Ok(DataMsg::Credit { task, channel }) = read_frame(&mut reader, &mut buf)
+                {
+                    let Some(rt) = me.upgrade() else { return };
+                    let credit = rt
+                        .out_credits
+                        .lock()
+                        .ok()
+                        .and_then(|m| m.get(&(task as usize, channel as usize)).cloned());
+                    if let Some(c) = credit {
+                        c.release();
+                    }
+                }
+            })
+            .map_err(|e| TaskError::msg(format!("cannot start a thread: {e}")))?;
+        peers.insert(worker, writer.clone());
+        Ok(writer)
+    }
+
+    fn route(&self, task: usize, channel: usize, frame: DataFrame, from: &Writer) -> bool {
+        if let Ok(mut paths) = self.return_paths.lock() {
+            paths.entry((task, channel)).or_insert_with(|| from.clone());
+        }
+        let Some((mailbox, priority)) = self
+            .receivers
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&task).cloned())
+        else {
+            return false;
+        };
+        let ok = match frame {
+            DataFrame::Batch(bytes) => mailbox.send(Mail::Data {
+                channel,
+                element: Element::Encoded(bytes),
+            }),
+            DataFrame::Barrier(b) => mailbox.send(Mail::Data {
+                channel,
+                element: Element::Barrier(b),
+            }),
+            DataFrame::EndOfStream => mailbox.send(Mail::Data {
+                channel,
+                element: Element::EndOfStream,
+            }),
+            DataFrame::PriorityBarrier(barrier, batches_before) => {
+                priority.send(Mail::PriorityBarrier {
+                    channel,
+                    barrier,
+                    batches_before,
+                })
+            }
+        };
+        ok.is_ok()
+    }
+
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        let deployment = self.deployment.lock().ok().and_then(|mut d| d.take());
+        if let Some(d) = deployment {
+            d.cancel();
+        }
+        if let Ok(socks) = self.sockets.lock() {
+            for s in socks.iter() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+struct RemoteChan {
+    writer: Writer,
+    task: u32,
+    channel: u32,
+}
+
+impl RemoteChannel for RemoteChan {
+    fn send(&self, frame: DataFrame) -> crate::error::TaskResult {
+        let msg = DataMsg::Frame {
+            task: self.task,
+            channel: self.channel,
+            frame,
+        };
+        let mut w = self.writer.lock().map_err(|_| TaskError::Cancelled)?;
+        write_frame(&mut *w, &msg)
+            .map_err(|e| TaskError::msg(format!("data connection failed: {e}")))
+    }
+}
+
+struct RemoteCredit {
+    rt: Arc<AttemptRuntime>,
+    task: u32,
+    channel: u32,
+}
+
+impl CreditReturn for RemoteCredit {
+    fn release(&self) {
+        let path = self
+            .rt
+            .return_paths
+            .lock()
+            .ok()
+            .and_then(|p| p.get(&(self.task as usize, self.channel as usize)).cloned());
+        if let Some(w) = path {
+            let _ = send(
+                &w,
+                &DataMsg::Credit {
+                    task: self.task,
+                    channel: self.channel,
+                },
+            );
+        }
+    }
+}
+
+struct Links(Arc<AttemptRuntime>);
+
+impl DataLinks for Links {
+    fn channel_to(
+        &self,
+        task: usize,
+        channel: usize,
+        credit: Arc<Credit>,
+    ) -> Result<ChannelSender, TaskError> {
+        let worker = *self
+            .0
+            .spec
+            .assignment
+            .get(task)
+            .ok_or_else(|| TaskError::msg("task outside the assignment"))?;
+        let writer = self.0.peer(worker)?;
+        if let Ok(mut m) = self.0.out_credits.lock() {
+            m.insert((task, channel), credit.clone());
+        }
+        let chan = RemoteChan {
+            writer,
+            task: task as u32,
+            channel: channel as u32,
+        };
+        Ok(ChannelSender::remote(Arc::new(chan), credit))
+    }
+
+    fn register_receiver(&self, task: usize, mailbox: Sender<Mail>, priority: Sender<Mail>) {
+        if let Ok(mut r) = self.0.receivers.lock() {
+            r.insert(task, (mailbox, priority));
+        }
+    }
+
+    fn credit_return(&self, task: usize, channel: usize) -> Arc<dyn CreditReturn> {
+        Arc::new(RemoteCredit {
+            rt: self.0.clone(),
+            task: task as u32,
+            channel: channel as u32,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Attempts {
+    map: Mutex<HashMap<(String, u32), Arc<AttemptRuntime>>>,
+    changed: Condvar,
+}
+
+impl Attempts {
+    fn wait_for(&self, job: &str, attempt: u32, deadline: Instant) -> Option<Arc<AttemptRuntime>> {
+        let mut map = self.map.lock().ok()?;
+        loop {
+            if let Some(rt) = map.get(&(job.to_string(), attempt)) {
+                return Some(rt.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            map = self.changed.wait_timeout(map, deadline - now).ok()?.0;
+        }
+    }
+}
+
+fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: String) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let _ = stream.set_nodelay(true);
+    let Ok(writer) = stream.try_clone() else {
+        return;
+    };
+    let writer: Writer = Arc::new(Mutex::new(writer));
+    let mut reader = stream;
+    let mut buf = Vec::new();
+    let (job_id, attempt) = match read_frame::<_, DataMsg>(&mut reader, &mut buf) {
+        Ok(DataMsg::Hello {
+            secret: s,
+            job_id,
+            attempt,
+        }) if secrets_match(&s, &secret) => (job_id, attempt),
+        Ok(DataMsg::Hello { .. }) => {
+            warn!("data connection from {peer} rejected: wrong cluster secret");
+            return;
+        }
+        Ok(_) => {
+            warn!("data connection from {peer} closed: it did not start with a greeting");
+            return;
+        }
+        Err(e) => {
+            warn!("data connection from {peer} closed: {e}");
+            return;
+        }
+    };
+    // The connecting worker may be a little ahead of our own deployment of the attempt.
+    let Some(rt) = attempts.wait_for(&job_id, attempt, Instant::now() + Duration::from_secs(10))
+    else {
+        warn!("data connection from {peer} closed: attempt {attempt} of job {job_id} is not deployed here");
+        return;
+    };
+    if let Ok(s) = reader.try_clone() {
+        if let Ok(mut socks) = rt.sockets.lock() {
+            socks.push(s);
+        }
+    }
+    loop {
+        match read_frame::<_, DataMsg>(&mut reader, &mut buf) {
+            Ok(DataMsg::Frame {
+                task,
+                channel,
+                frame,
+            }) => {
+                if !rt.route(task as usize, channel as usize, frame, &writer)
+                    && !rt.cancelled.load(Ordering::Acquire)
+                {
+                    warn!("data connection from {peer}: frame for unknown task {task}; closing");
+                    return;
+                }
+            }
+            Ok(other) => {
+                warn!("data connection from {peer} closed: unexpected {other:?}");
+                return;
+            }
+            Err(FrameError::Closed) => return,
+            Err(e) => {
+                if !rt.cancelled.load(Ordering::Acquire) {
+                    warn!("data connection from {peer} closed: {e}");
+                    // A broken data connection fails the tasks it fed.
+                    if let Ok(r) = rt.receivers.lock() {
+                        for (mailbox, _) in r.values() {
+                            let _ = mailbox.send(Mail::Cancel);
+                        }
+                    }
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn deploy_attempt(
+    spec: DeploySpec,
+    worker_id: u32,
+    opts: &WorkerOptions,
+    attempts: &Arc<Attempts>,
+    control: &Writer,
+) -> Result<(), String> {
+    let (graph, mut config) = opts.factory.build(&spec.job, &spec.args)?;
+    if spec.checkpoint_dir.is_some() {
+        config.checkpoints_dir = spec.checkpoint_dir.clone();
+    }
+    let plan = plan(&graph, &config).map_err(|e| e.to_string())?;
+    if plan.total_tasks() != spec.assignment.len() {
+        return Err(format!(
+            "job '{}' plans {} subtasks here but the coordinator assigned {}; are all processes running the same binary?",
+            spec.job,
+            plan.total_tasks(),
+            spec.assignment.len()
+        ));
+    }
+    let storage: Arc<dyn CheckpointStorage> = match &config.checkpoints_dir {
+        Some(dir) => Arc::new(FsStorage::open(dir).map_err(|e| e.to_string())?),
+        None => Arc::new(MemoryStorage::new()),
+    };
+    let restored = match &spec.restore {
+        Some(r) => {
+            let root = FsStorage::open(&r.root).map_err(|e| e.to_string())?;
+            Some(load_checkpoint(&root, &r.job_id, r.checkpoint_id)?)
+        }
+        None => None,
+    };
+    let rt = Arc::new(AttemptRuntime {
+        spec: spec.clone(),
+        worker_id,
+        secret: opts.secret.clone(),
+        receivers: Mutex::new(HashMap::new()),
+        out_credits: Mutex::new(HashMap::new()),
+        return_paths: Mutex::new(HashMap::new()),
+        peers: Mutex::new(HashMap::new()),
+        sockets: Mutex::new(Vec::new()),
+        deployment: Mutex::new(None),
+        cancelled: AtomicBool::new(false),
+    });
+    let hosted: Vec<bool> = spec.assignment.iter().map(|&w| w == rt.worker_id).collect();
+    // Events of local subtasks go to the coordinator.
+    let (events_tx, events_rx) = crossbeam_channel::unbounded::<JobEvent>();
+    let control2 = control.clone();
+    let job_id = spec.job_id.clone();
+    std::thread::Builder::new()
+        .name("events-forwarder".into())
+        .spawn(move || {
+            for e in events_rx {
+                let event = match e {
+                    JobEvent::Ack(a) => WireEvent::Ack(a),
+                    JobEvent::Decline {
+                        checkpoint_id,
+                        attempt,
+                        reason,
+                    } => WireEvent::Decline {
+                        checkpoint_id,
+                        attempt,
+                        reason,
+                    },
+                    JobEvent::SourceExhausted { attempt, task } => {
+                        WireEvent::SourceExhausted { attempt, task }
+                    }
+                    JobEvent::Exited {
+                        attempt,
+                        task,
+                        result,
+                    } => WireEvent::Exited {
+                        attempt,
+                        task,
+                        error: result.err().map(|e| e.to_string()),
+                    },
+                    JobEvent::Lost { .. } => continue,
+                };
+                if !send(
+                    &control2,
+                    &ToCoordinator::Event {
+                        job_id: job_id.clone(),
+                        event,
+                    },
+                ) {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    if let Ok(mut map) = attempts.map.lock() {
+        map.insert((spec.job_id.clone(), spec.attempt), rt.clone());
+        attempts.changed.notify_all();
+    }
+    let metrics = Arc::new(JobMetrics::default());
+    let req = DeployRequest {
+        graph: &graph,
+        plan: &plan,
+        config: &config,
+        restored: restored.as_ref(),
+        attempt: spec.attempt,
+        events: &events_tx,
+        storage: &storage,
+        job_id: &spec.job_id,
+        injector: &None,
+        metrics: &metrics,
+    };
+    let placement = Placement {
+        hosted,
+        links: Some(Arc::new(Links(rt.clone()))),
+    };
+    let deployment = deploy(&req, &placement).map_err(|e| e.to_string())?;
+    if let Ok(mut d) = rt.deployment.lock() {
+        *d = Some(deployment);
+    }
+    info!(
+        "worker {worker_id}: running attempt {} of job {} ({} subtasks)",
+        spec.attempt,
+        spec.job_id,
+        spec.assignment.iter().filter(|&&w| w == worker_id).count()
+    );
+    Ok(())
+}
+
+/// Runs a worker until the process is killed. Reconnects when the coordinator goes away.
+pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
+    let listener = TcpListener::bind(&opts.data_bind).map_err(|e| {
+        format!(
+            "cannot listen for data connections on {}: {e}",
+            opts.data_bind
+        )
+    })?;
+    let data_addr = listener
+        .local_addr()
+        .map_err(|e| e.to_string())?
+        .to_string();
+    let attempts = Arc::new(Attempts::default());
+    {
+        let attempts = attempts.clone();
+        let secret = opts.secret.clone();
+        std::thread::Builder::new()
+            .name("data-accept".into())
+            .spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let attempts = attempts.clone();
+                    let secret = secret.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("data-in".into())
+                        .spawn(move || serve_data_connection(stream, attempts, secret));
+                }
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    let coordinator_addr = opts
+        .coordinator
+        .to_socket_addrs()
+        .map_err(|e| format!("bad coordinator address '{}': {e}", opts.coordinator))?
+        .next()
+        .ok_or_else(|| format!("bad coordinator address '{}'", opts.coordinator))?;
+    let mut warned = false;
+    loop {
+        let stream = match TcpStream::connect_timeout(&coordinator_addr, Duration::from_secs(2)) {
+            Ok(s) => s,
+            Err(e) => {
+                if !warned {
+                    warn!(
+                        "cannot reach coordinator at {}: {e}; retrying",
+                        opts.coordinator
+                    );
+                    warned = true;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                continue;
+            }
+        };
+        warned = false;
+        match session(stream, &opts, &data_addr, &attempts) {
+            Ok(()) => {}
+            Err(SessionEnd::Rejected(reason)) => {
+                return Err(format!("the coordinator rejected this worker: {reason}"))
+            }
+            Err(SessionEnd::Lost(reason)) => warn!("lost the coordinator ({reason}); reconnecting"),
+        }
+        // Without a coordinator, running subtasks can neither checkpoint nor commit: stop them.
+        let all: Vec<Arc<AttemptRuntime>> = attempts
+            .map
+            .lock()
+            .map(|mut m| m.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for rt in all {
+            rt.cancel();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+enum SessionEnd {
+    Rejected(String),
+    Lost(String),
+}
+
+fn session(
+    stream: TcpStream,
+    opts: &WorkerOptions,
+    data_addr: &str,
+    attempts: &Arc<Attempts>,
+) -> Result<(), SessionEnd> {
+    let _ = stream.set_nodelay(true);
+    let mut reader = stream
+        .try_clone()
+        .map_err(|e| SessionEnd::Lost(e.to_string()))?;
+    let writer: Writer = Arc::new(Mutex::new(stream));
+    let register = ToCoordinator::Register {
+        secret: opts.secret.clone(),
+        slots: opts.slots,
+        data_addr: data_addr.to_string(),
+    };
+    if !send(&writer, &register) {
+        return Err(SessionEnd::Lost("cannot send registration".into()));
+    }
+    let mut buf = Vec::new();
+    let worker_id = match read_frame::<_, ToWorker>(&mut reader, &mut buf) {
+        Ok(ToWorker::Registered { worker_id }) => worker_id,
+        Ok(ToWorker::Rejected { reason }) => return Err(SessionEnd::Rejected(reason)),
+        Ok(other) => return Err(SessionEnd::Lost(format!("unexpected {other:?}"))),
+        Err(e) => return Err(SessionEnd::Lost(e.to_string())),
+    };
+    info!(
+        "registered with the coordinator as worker {worker_id} ({} slots, data on {data_addr})",
+        opts.slots
+    );
+    let alive = Arc::new(AtomicBool::new(true));
+    {
+        let writer = writer.clone();
+        let alive = alive.clone();
+        let interval = opts.heartbeat_interval;
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || {
+                while alive.load(Ordering::Acquire) {
+                    if !send(&writer, &ToCoordinator::Heartbeat) {
+                        return;
+                    }
+                    std::thread::sleep(interval);
+                }
+            })
+            .map_err(|e| SessionEnd::Lost(e.to_string()))?;
+    }
+    let result = loop {
+        let msg = match read_frame::<_, ToWorker>(&mut reader, &mut buf) {
+            Ok(m) => m,
+            Err(e) => break Err(SessionEnd::Lost(e.to_string())),
+        };
+        match msg {
+            ToWorker::Deploy(spec) => {
+                let spec = *spec;
+                let (job_id, attempt) = (spec.job_id.clone(), spec.attempt);
+                let assigned: Vec<usize> = spec
+                    .assignment
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &w)| w == worker_id)
+                    .map(|(t, _)| t)
+                    .collect();
+                if let Err(e) = deploy_attempt(spec, worker_id, opts, attempts, &writer) {
+                    warn!("cannot deploy attempt {attempt} of job {job_id}: {e}");
+                    for task in assigned {
+                        let _ = send(
+                            &writer,
+                            &ToCoordinator::Event {
+                                job_id: job_id.clone(),
+                                event: WireEvent::Exited {
+                                    attempt,
+                                    task,
+                                    error: Some(format!("worker {worker_id} cannot deploy: {e}")),
+                                },
+                            },
+                        );
+                    }
+                }
+            }
+            ToWorker::Mail {
+                job_id,
+                attempt,
+                task,
+                mail,
+            } => {
+                let rt = attempts
+                    .map
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&(job_id, attempt)).cloned());
+                if let Some(rt) = rt {
+                    let mailbox = rt
+                        .receivers
+                        .lock()
+                        .ok()
+                        .and_then(|r| r.get(&task).map(|(m, _)| m.clone()));
+                    if let Some(m) = mailbox {
+                        let _ = m.send(mail.into_mail());
+                    }
+                }
+            }
+            ToWorker::CancelAttempt { job_id, attempt } => {
+                let rt = attempts
+                    .map
+                    .lock()
+                    .ok()
+                    .and_then(|mut m| m.remove(&(job_id.clone(), attempt)));
+                let writer = writer.clone();
+                let _ = std::thread::Builder::new()
+                    .name("cancel".into())
+                    .spawn(move || {
+                        if let Some(rt) = rt {
+                            rt.cancel();
+                        }
+                        let _ = send(
+                            &writer,
+                            &ToCoordinator::AttemptCancelled { job_id, attempt },
+                        );
+                    });
+            }
+            ToWorker::Registered { .. } | ToWorker::Rejected { .. } => {}
+        }
+    };
+    alive.store(false, Ordering::Release);
+    if let Ok(s) = writer.lock() {
+        let _ = s.shutdown(Shutdown::Both);
+        let _ = (&*s).flush();
+    }
+    result
+}
