@@ -535,6 +535,8 @@ impl Executor for ClusterExecutor {
             job: self.job.clone(),
             args: self.args.clone(),
             checkpoint_dir: Some(self.inner.opts.checkpoint_dir.clone()),
+            config_yaml: serde_norway::to_string(req.config)
+                .map_err(|e| TaskError::msg(format!("cannot encode the job configuration: {e}")))?,
             restore,
             assignment: assignment.clone(),
             workers: workers

@@ -94,6 +94,10 @@ pub struct DeploySpec {
     pub args: Vec<String>,
     /// Checkpoint directory.
     pub checkpoint_dir: Option<PathBuf>,
+    /// The job's effective configuration as YAML, as the job master runs it (workers must not
+    /// derive their own: defaults applied by the coordinator would differ). Text, because the
+    /// configuration's serde shape is not one postcard can carry.
+    pub config_yaml: String,
     /// Checkpoint to restore from.
     pub restore: Option<RestoreRef>,
     /// Worker id of every global task index.

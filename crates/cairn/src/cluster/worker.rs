@@ -369,7 +369,9 @@ fn deploy_attempt(
     attempts: &Arc<Attempts>,
     control: &Writer,
 ) -> Result<(), String> {
-    let (graph, mut config) = opts.factory.build(&spec.job, &spec.args)?;
+    let (graph, _) = opts.factory.build(&spec.job, &spec.args)?;
+    let mut config: crate::config::JobConfig = serde_norway::from_str(&spec.config_yaml)
+        .map_err(|e| format!("cannot decode the job configuration: {e}"))?;
     if spec.checkpoint_dir.is_some() {
         config.checkpoints_dir = spec.checkpoint_dir.clone();
     }
@@ -451,10 +453,6 @@ fn deploy_attempt(
             }
         })
         .map_err(|e| e.to_string())?;
-    if let Ok(mut map) = attempts.map.lock() {
-        map.insert((spec.job_id.clone(), spec.attempt), rt.clone());
-        attempts.changed.notify_all();
-    }
     let metrics = Arc::new(JobMetrics::default());
     let req = DeployRequest {
         graph: &graph,
@@ -475,6 +473,11 @@ fn deploy_attempt(
     let deployment = deploy(&req, &placement).map_err(|e| e.to_string())?;
     if let Ok(mut d) = rt.deployment.lock() {
         *d = Some(deployment);
+    }
+    // Only now may data connections route frames here: every local receiver is registered.
+    if let Ok(mut map) = attempts.map.lock() {
+        map.insert((spec.job_id.clone(), spec.attempt), rt.clone());
+        attempts.changed.notify_all();
     }
     info!(
         "worker {worker_id}: running attempt {} of job {} ({} subtasks)",

@@ -1,0 +1,545 @@
+//! The client commands (`submit`, `list`, `status`, `cancel`, `checkpoints ID --rest`) against
+//! the REST API of a real `cairn run --rest` process, of an in-process server with a fake
+//! submitter (a stand-in coordinator), and of nothing at all.
+//!
+//! Nothing sleeps for synchronisation: every wait polls with a short backoff until a deadline.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cairn::runtime::{JobState, JobStatus};
+use cairn_rest::{JobRegistry, JobSubmitter};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const TOKEN: &str = "t0ken-for-the-client-test";
+const NO_SUBMISSIONS: &str =
+    "error: this server does not accept job submissions (embedded mode); use 'cairn coordinator'";
+const TOKEN_REQUIRED: &str = "error: the REST API requires a token (--rest-token)";
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// What one client command produced.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Asserts success; returns stdout.
+    fn ok(&self) -> &str {
+        assert_eq!(self.code, Some(0), "{self:#?}");
+        &self.stdout
+    }
+
+    /// Asserts exit code 1 and exactly one non-empty stderr line; returns it.
+    fn error_line(&self) -> &str {
+        assert_eq!(self.code, Some(1), "{self:#?}");
+        let lines: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        assert_eq!(lines.len(), 1, "one error line expected: {self:#?}");
+        lines[0]
+    }
+}
+
+/// Runs `cairn ARGS` to the end (every client command is bounded by its timeouts).
+fn cairn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("cairn starts");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// `cairn CMD --rest URL [--rest-token TOKEN] ARGS..` (the options right after the command,
+/// where `submit` needs them).
+fn client(cmd: &[&str], url: &str, token: Option<&str>) -> Run {
+    cairn(&with_rest(cmd, url, token))
+}
+
+fn with_rest<'a>(cmd: &[&'a str], url: &'a str, token: Option<&'a str>) -> Vec<&'a str> {
+    let mut args = vec![cmd[0], "--rest", url];
+    if let Some(t) = token {
+        args.extend(["--rest-token", t]);
+    }
+    args.extend(&cmd[1..]);
+    args
+}
+
+/// A `cairn run` child process, killed if the test ends before it does.
+struct Cairn(Child);
+
+impl Drop for Cairn {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Cairn {
+    /// A long wordcount with 100 ms checkpoints, serving its REST API at `addr`.
+    fn start(addr: SocketAddr, token: Option<&str>) -> Cairn {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
+        cmd.args([
+            "run",
+            "wordcount",
+            "--generate",
+            "300000000",
+            "--keys",
+            "1000",
+            "--discard",
+            "--checkpoint-interval",
+            "100ms",
+            "--rest",
+            &addr.to_string(),
+        ]);
+        if let Some(t) = token {
+            cmd.args(["--rest-token", t]);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cairn starts");
+        Cairn(child)
+    }
+
+    /// Waits (polling) for the process to exit; returns its status and stderr.
+    fn wait(mut self) -> (ExitStatus, String) {
+        let mut backoff = Backoff::new(Instant::now() + DEADLINE);
+        let status = loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                break status;
+            }
+            assert!(backoff.pause(), "cairn did not exit within {DEADLINE:?}");
+        };
+        let mut stderr = String::new();
+        if let Some(mut err) = self.0.stderr.take() {
+            err.read_to_string(&mut stderr).expect("read stderr");
+        }
+        (status, stderr)
+    }
+
+    /// Fails the test with the child's stderr if it has exited.
+    fn assert_running(&mut self) {
+        if let Some(status) = self.0.try_wait().expect("try_wait") {
+            let mut stderr = String::new();
+            if let Some(mut err) = self.0.stderr.take() {
+                let _ = err.read_to_string(&mut stderr);
+            }
+            panic!("cairn exited early ({status}):\n{stderr}");
+        }
+    }
+
+    /// Polls the client command `cmd` until `done` finds what it waits for in its stdout.
+    fn poll<T>(
+        &mut self,
+        cmd: &[&str],
+        url: &str,
+        token: Option<&str>,
+        mut done: impl FnMut(&str) -> Option<T>,
+    ) -> T {
+        let mut backoff = Backoff::new(Instant::now() + DEADLINE);
+        loop {
+            self.assert_running();
+            let run = client(cmd, url, token);
+            if run.code == Some(0) {
+                if let Some(v) = done(&run.stdout) {
+                    return v;
+                }
+            }
+            assert!(
+                backoff.pause(),
+                "`cairn {cmd:?}` did not succeed within {DEADLINE:?}; last: {run:#?}"
+            );
+        }
+    }
+
+    /// Waits until `cairn list` shows the job RUNNING; returns its id.
+    fn running_job(&mut self, url: &str, token: Option<&str>) -> String {
+        self.poll(&["list"], url, token, |out| {
+            let fields: Vec<&str> = out.lines().next()?.split_whitespace().collect();
+            (fields.get(1) == Some(&"RUNNING")).then(|| {
+                assert_eq!(fields.len(), 3, "id, state, name: {out:?}");
+                assert_eq!(fields[2], "wordcount", "{out:?}");
+                fields[0].to_string()
+            })
+        })
+    }
+}
+
+/// Polling pauses growing from 5 ms to 200 ms, until a deadline.
+struct Backoff {
+    next: Duration,
+    deadline: Instant,
+}
+
+impl Backoff {
+    fn new(deadline: Instant) -> Self {
+        Backoff {
+            next: Duration::from_millis(5),
+            deadline,
+        }
+    }
+
+    /// Pauses before the next poll; false once the deadline has passed.
+    fn pause(&mut self) -> bool {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return false;
+        }
+        std::thread::sleep(self.next.min(self.deadline - now));
+        self.next = (self.next * 2).min(Duration::from_millis(200));
+        true
+    }
+}
+
+/// An address on 127.0.0.1 whose port was free a moment ago.
+fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr")
+}
+
+/// Asserts the run of a cancelled job failed with `error: job cancelled`.
+fn assert_cancelled(run: Cairn) {
+    let (status, stderr) = run.wait();
+    assert!(!status.success(), "a cancelled job must fail the run");
+    let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+    assert_eq!(last, Some("error: job cancelled"), "stderr:\n{stderr}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against `cairn run --rest`
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn list_status_checkpoints_and_cancel_a_running_job() {
+    let addr = free_addr();
+    let url = format!("http://{addr}");
+    let mut run = Cairn::start(addr, None);
+
+    let jid = run.running_job(&url, None);
+    assert_eq!(jid.len(), 32, "job id {jid:?}");
+    // HOST:PORT works as well as the URL.
+    let out = client(&["list"], &addr.to_string(), None);
+    assert!(out.ok().starts_with(&jid), "{out:#?}");
+
+    let rows = run.poll(&["checkpoints", &jid], &url, None, |out| {
+        let rows: Vec<String> = out
+            .lines()
+            .filter(|l| l.trim_end().ends_with("COMPLETED"))
+            .map(str::to_string)
+            .collect();
+        (!rows.is_empty()).then(|| (out.to_string(), rows))
+    });
+    let (out, rows) = rows;
+    assert!(out.starts_with(&format!("job {jid}: ")), "{out}");
+    for column in [
+        "ID",
+        "SIZE",
+        "DURATION",
+        "SYNC MAX",
+        "ASYNC MAX",
+        "ALIGN MAX",
+        "IN-FLIGHT",
+        "UNALIGNED",
+    ] {
+        assert!(out.contains(column), "no {column} column in:\n{out}");
+    }
+    for row in &rows {
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        assert!(fields[0].parse::<u64>().is_ok_and(|id| id >= 1), "{row}");
+        assert_eq!(fields.iter().filter(|f| **f == "ms").count(), 4, "{row}");
+        assert_eq!(fields[fields.len() - 2], "no", "aligned: {row}");
+    }
+
+    let out = client(&["status", &jid], &url, None);
+    let text = out.ok();
+    for line in [
+        format!("job:         {jid}"),
+        "name:        wordcount".into(),
+        "state:       RUNNING".into(),
+        "ended:       -".into(),
+        "restarts:    0".into(),
+        "failure:     -".into(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+    }
+    assert!(text.contains("UTC"), "{text}");
+    let counts = text
+        .lines()
+        .find(|l| l.starts_with("checkpoints: "))
+        .unwrap_or_else(|| panic!("no checkpoint counts in:\n{text}"));
+    assert!(counts.contains(" completed, "), "{counts}");
+    assert!(
+        text.lines().any(|l| l.starts_with("latest:      #")),
+        "{text}"
+    );
+
+    for cmd in [
+        &["status", "nope"][..],
+        &["checkpoints", "nope"],
+        &["cancel", "nope"],
+    ] {
+        assert_eq!(
+            client(cmd, &url, None).error_line(),
+            "error: job nope not found"
+        );
+    }
+
+    let out = client(&["submit", "wordcount", "--generate", "10"], &url, None);
+    assert_eq!(out.error_line(), NO_SUBMISSIONS);
+
+    let out = client(&["cancel", &jid], &url, None);
+    assert_eq!(
+        out.ok().lines().last(),
+        Some(format!("cancellation of job {jid} requested").as_str())
+    );
+    assert_cancelled(run);
+}
+
+#[test]
+fn a_token_protected_server_needs_the_token() {
+    let addr = free_addr();
+    let url = format!("http://{addr}");
+    let mut run = Cairn::start(addr, Some(TOKEN));
+    let jid = run.running_job(&url, Some(TOKEN));
+
+    for cmd in [
+        &["list"][..],
+        &["status", &jid],
+        &["checkpoints", &jid],
+        &["cancel", &jid],
+        &["submit", "wordcount"],
+    ] {
+        assert_eq!(client(cmd, &url, None).error_line(), TOKEN_REQUIRED);
+        let line = client(cmd, &url, Some("wrong")).error_line().to_string();
+        assert_eq!(
+            line,
+            format!("error: the REST API at {url} rejected the token given with --rest-token")
+        );
+    }
+    run.assert_running();
+    client(&["status", &jid], &url, Some(TOKEN)).ok();
+    assert_eq!(
+        client(&["submit", "wordcount"], &url, Some(TOKEN)).error_line(),
+        NO_SUBMISSIONS
+    );
+    client(&["cancel", &jid], &url, Some(TOKEN)).ok();
+    assert_cancelled(run);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against a stand-in coordinator: the REST server with a fake submitter
+// ---------------------------------------------------------------------------------------------
+
+const FAKE_JID: &str = "c0ffee00c0ffee00c0ffee00c0ffee00";
+
+/// Accepts `wordcount` only, records the calls, registers the job as a coordinator would.
+struct FakeSubmitter {
+    registry: JobRegistry,
+    calls: Mutex<Vec<(String, Vec<String>)>>,
+}
+
+impl JobSubmitter for FakeSubmitter {
+    fn submit(&self, job: &str, args: &[String]) -> Result<String, String> {
+        self.calls
+            .lock()
+            .map_err(|_| "poisoned".to_string())?
+            .push((job.to_string(), args.to_vec()));
+        if job != "wordcount" {
+            return Err(format!("unknown job '{job}'; built-in jobs: wordcount"));
+        }
+        let status = JobStatus::new(FAKE_JID.into(), job.into(), Vec::new());
+        status.set_state(JobState::Running);
+        self.registry.register(status);
+        Ok(FAKE_JID.into())
+    }
+}
+
+#[test]
+fn submit_passes_the_job_flags_verbatim_and_prints_the_job_id() {
+    let registry = JobRegistry::new();
+    let fake = Arc::new(FakeSubmitter {
+        registry: registry.clone(),
+        calls: Mutex::new(Vec::new()),
+    });
+    registry.set_submitter(fake.clone());
+    let srv = cairn_rest::serve(
+        "127.0.0.1:0".parse().expect("address"),
+        registry,
+        Some(TOKEN.into()),
+    )
+    .expect("server starts");
+    let url = format!("http://{}", srv.local_addr());
+
+    // --rest and --rest-token before the job are submit's; everything after it is the job's,
+    // even flags that submit (or the global --log) would take.
+    let job_flags = [
+        "--generate",
+        "10",
+        "--rest",
+        "127.0.0.1:1",
+        "--rest-token",
+        "x",
+        "-h",
+        "--log",
+        "debug",
+        "a b",
+    ];
+    let mut args = vec!["submit", "--rest", &url, "--rest-token", TOKEN, "wordcount"];
+    args.extend(job_flags);
+    let out = cairn(&args);
+    assert_eq!(out.ok().lines().last(), Some(FAKE_JID), "{out:#?}");
+    let expected: Vec<String> = job_flags.iter().map(|s| s.to_string()).collect();
+    assert_eq!(
+        *fake.calls.lock().expect("lock"),
+        [("wordcount".to_string(), expected)]
+    );
+
+    // The submitted job is listed and has a status.
+    let out = client(&["list"], &url, Some(TOKEN));
+    assert_eq!(
+        out.ok().lines().collect::<Vec<_>>(),
+        [format!("{FAKE_JID}  RUNNING     wordcount")]
+    );
+    let out = client(&["status", FAKE_JID], &url, Some(TOKEN));
+    assert!(out.ok().contains("state:       RUNNING"), "{out:#?}");
+    let out = client(&["checkpoints", FAKE_JID], &url, Some(TOKEN));
+    assert!(out.ok().contains("no completed checkpoints"), "{out:#?}");
+
+    // A refusal is the submitter's message.
+    let out = client(&["submit", "nope", "--x"], &url, Some(TOKEN));
+    assert_eq!(
+        out.error_line(),
+        "error: unknown job 'nope'; built-in jobs: wordcount"
+    );
+    // A misspelt option of submit is not taken for the job name.
+    let out = cairn(&["submit", "--rest", &url, "--rest-tokn", TOKEN, "wordcount"]);
+    assert!(
+        out.error_line()
+            .starts_with("error: unexpected option '--rest-tokn' for submit"),
+        "{out:#?}"
+    );
+    assert_eq!(fake.calls.lock().expect("lock").len(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nothing there, something else there, bad arguments
+// ---------------------------------------------------------------------------------------------
+
+/// Every client command.
+const EVERY_COMMAND: &[&[&str]] = &[
+    &["list"],
+    &["status", "abc"],
+    &["cancel", "abc"],
+    &["checkpoints", "abc"],
+    &["submit", "wordcount", "--generate", "10"],
+];
+
+#[test]
+fn every_client_command_says_when_the_coordinator_cannot_be_reached() {
+    let addr = free_addr();
+    for url in [format!("http://{addr}"), addr.to_string()] {
+        for cmd in EVERY_COMMAND {
+            let out = client(cmd, &url, None);
+            assert_eq!(
+                out.error_line(),
+                format!("error: cannot reach coordinator at http://{addr}: Connection refused"),
+                "{cmd:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn something_that_is_not_the_rest_api() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // Answers the first connection with something that is not HTTP, then holds every later one
+    // open without a word.
+    let server = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for (i, conn) in listener.incoming().enumerate() {
+            let Ok(mut conn) = conn else { return held };
+            if i == 0 {
+                // Reads the request first, so that closing does not reset the connection.
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = conn.write_all(b"SSH-2.0-OpenSSH_9.6\r\n");
+            } else {
+                held.push(conn);
+                return held;
+            }
+        }
+        held
+    });
+    let url = format!("http://{addr}");
+    let out = client(&["list"], &url, None);
+    assert_eq!(
+        out.error_line(),
+        format!("error: unexpected answer from coordinator at {url}: not an HTTP answer")
+    );
+    let start = Instant::now();
+    let out = client(&["list"], &url, None);
+    assert_eq!(
+        out.error_line(),
+        format!("error: no answer from coordinator at {url} within 5s")
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(server.join());
+}
+
+#[test]
+fn bad_rest_arguments_are_one_line_errors() {
+    for cmd in EVERY_COMMAND {
+        let out = client(cmd, "https://127.0.0.1:8081", None);
+        assert!(
+            out.error_line()
+                .starts_with("error: --rest https://127.0.0.1:8081: https is not supported"),
+            "{cmd:?}: {out:#?}"
+        );
+        let out = client(cmd, "localhost", None);
+        assert!(
+            out.error_line().starts_with(
+                "error: --rest expects http://HOST:PORT, HOST:PORT or PORT (e.g. http://127.0.0.1:8081), got 'localhost'"
+            ),
+            "{cmd:?}: {out:#?}"
+        );
+    }
+    let out = cairn(&["list", "--rest-token", ""]);
+    assert_eq!(out.error_line(), "error: --rest-token must not be empty");
+    // Without --rest, `checkpoints` still reads a directory.
+    let out = cairn(&["checkpoints", "/nonexistent/cairn-ckpt"]);
+    assert_eq!(
+        out.error_line(),
+        "error: checkpoint directory /nonexistent/cairn-ckpt does not exist"
+    );
+}
