@@ -202,6 +202,222 @@ fn modes(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> 
     Ok(())
 }
 
+struct Spawned(std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn spawn_quiet(exe: &std::path::Path, args: &[String]) -> Result<Spawned> {
+    Ok(Spawned(
+        Command::new(exe)
+            .args(args)
+            .args(["--log", "error"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("cannot start a cluster process")?,
+    ))
+}
+
+fn poll<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> Result<T> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if Instant::now() > end {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::park_timeout(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Embedded vs cluster throughput, and the time from a worker's SIGKILL to the job running again.
+fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> Result<()> {
+    use crate::client::Client;
+    let (bind, rest) = (free_port()?, free_port()?);
+    let ck = scratch.join("cluster-ck");
+    let _coord = spawn_quiet(
+        exe,
+        &[
+            "coordinator".into(),
+            "--bind".into(),
+            format!("127.0.0.1:{bind}"),
+            "--rest".into(),
+            format!("127.0.0.1:{rest}"),
+            "--checkpoint-dir".into(),
+            ck.display().to_string(),
+        ],
+    )?;
+    let worker_args = vec![
+        "worker".into(),
+        "--coordinator".into(),
+        format!("127.0.0.1:{bind}"),
+        "--slots".into(),
+        "2".into(),
+    ];
+    let mut workers = vec![
+        spawn_quiet(exe, &worker_args)?,
+        spawn_quiet(exe, &worker_args)?,
+    ];
+    let client = Client::new(&format!("127.0.0.1:{rest}"), None)?;
+    poll(
+        "the coordinator",
+        std::time::Duration::from_secs(20),
+        || client.get("/jobs").ok(),
+    )?;
+    let submit = |job_args: Vec<String>| -> Result<String> {
+        let v = client
+            .clone()
+            .with_timeout(std::time::Duration::from_secs(60))
+            .request(
+                crate::client::Method::Post,
+                "/jobs",
+                Some(&serde_json::json!({"job": "wordcount", "args": job_args})),
+            )?;
+        v["jobid"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow::anyhow!("no job id in {v}"))
+    };
+    let state =
+        |jid: &str| -> Option<serde_json::Value> { client.get(&format!("/jobs/{jid}")).ok() };
+    println!(
+        "wordcount --generate {} --keys {} --discard, checkpoints every 1s (records/s over the job's own run time, best of {})",
+        args.records, args.keys, args.repeat
+    );
+    let mut embedded = 0f64;
+    for r in 0..args.repeat.max(1) {
+        let a: Vec<String> = vec![
+            "run".into(),
+            "wordcount".into(),
+            "--discard".into(),
+            "-p".into(),
+            "2".into(),
+            "--generate".into(),
+            args.records.to_string(),
+            "--keys".into(),
+            args.keys.to_string(),
+            "--checkpoint-interval".into(),
+            "1s".into(),
+            "--checkpoint-dir".into(),
+            scratch.join(format!("emb-{r}")).display().to_string(),
+        ];
+        let (secs, _) = run_child(exe, scratch, &format!("emb-{r}"), &a)?;
+        embedded = embedded.max(args.records as f64 / secs);
+    }
+    println!(
+        "  embedded p=2          {:>10} records/s",
+        human::count(embedded)
+    );
+    for p in [2u32, 4] {
+        let mut best = 0f64;
+        for _ in 0..args.repeat.max(1) {
+            let jid = submit(vec![
+                "-p".into(),
+                p.to_string(),
+                "--discard".into(),
+                "--generate".into(),
+                args.records.to_string(),
+                "--keys".into(),
+                args.keys.to_string(),
+                "--checkpoint-interval".into(),
+                "1s".into(),
+            ])?;
+            let done = poll(
+                "the cluster job",
+                std::time::Duration::from_secs(600),
+                || state(&jid).filter(|v| v["state"] == "FINISHED"),
+            )?;
+            let ms = done["duration"].as_u64().unwrap_or(1).max(1);
+            best = best.max(args.records as f64 * 1000.0 / ms as f64);
+        }
+        println!(
+            "  cluster p={p} (2 workers) {:>10} records/s  ({:.2} of embedded p=2)",
+            human::count(best),
+            best / embedded
+        );
+    }
+    // Recovery: a long job; kill a worker, start a fresh one, time until the job runs again.
+    let jid = submit(vec![
+        "-p".into(),
+        "4".into(),
+        "--discard".into(),
+        "--generate".into(),
+        "100000000000".into(),
+        "--keys".into(),
+        "1000".into(),
+        "--checkpoint-interval".into(),
+        "200ms".into(),
+        "-D".into(),
+        "restart-strategy.type=fixed-delay".into(),
+        "-D".into(),
+        "restart-strategy.fixed-delay.attempts=1000".into(),
+        "-D".into(),
+        "restart-strategy.fixed-delay.delay=0ms".into(),
+    ])?;
+    let mut times = Vec::new();
+    for round in 0..5 {
+        let restarts_before = poll("a running job", std::time::Duration::from_secs(60), || {
+            state(&jid)
+                .filter(|v| v["state"] == "RUNNING")
+                .and_then(|v| v["restarts"].as_u64())
+        })?;
+        // Let it checkpoint before the kill.
+        let completed = |c: &Client| -> u64 {
+            c.get(&format!("/jobs/{jid}/checkpoints"))
+                .ok()
+                .and_then(|v| v["counts"]["completed"].as_u64())
+                .unwrap_or(0)
+        };
+        let before = completed(&client);
+        poll("a checkpoint", std::time::Duration::from_secs(60), || {
+            (completed(&client) > before).then_some(())
+        })?;
+        let victim = workers.remove(round % workers.len());
+        let t0 = Instant::now();
+        drop(victim); // SIGKILL
+        workers.push(spawn_quiet(exe, &worker_args)?);
+        poll(
+            "the job to run again",
+            std::time::Duration::from_secs(60),
+            || {
+                state(&jid).filter(|v| {
+                    v["state"] == "RUNNING" && v["restarts"].as_u64() > Some(restarts_before)
+                })
+            },
+        )?;
+        times.push(t0.elapsed().as_millis() as u64);
+    }
+    let _ = client.request(
+        crate::client::Method::Patch,
+        &format!("/jobs/{jid}?mode=cancel"),
+        None,
+    );
+    times.sort_unstable();
+    println!(
+        "  recovery from a worker SIGKILL to the job running again (fresh worker started at once): median {} ms, max {} ms over {} kills",
+        times[times.len() / 2],
+        times[times.len() - 1],
+        times.len()
+    );
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the cairn binary")?;
     let scratch = std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id()));
@@ -214,7 +430,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
-        other => bail!("unknown benchmark suite '{other}'; suites: throughput, modes"),
+        "cluster" => {
+            let r = cluster_suite(&args, &exe, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
+        other => bail!("unknown benchmark suite '{other}'; suites: throughput, modes, cluster"),
     }
     let mut rows = Vec::new();
     println!(
