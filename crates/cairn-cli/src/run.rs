@@ -9,8 +9,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use cairn::api::JobGraph;
 use cairn::cluster::JobFactory;
 use cairn::config::{keys, JobConfig};
-use cairn::jobs::backpressure;
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
+use cairn::jobs::{backpressure, pipelines};
 use cairn::runtime::{
     run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions,
 };
@@ -20,7 +20,7 @@ use clap::{Args, Parser};
 use crate::human;
 
 /// Built-in jobs.
-const JOBS: &[&str] = &["wordcount", "backpressure"];
+const JOBS: &[&str] = &["wordcount", "backpressure", "pipelines"];
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -77,6 +77,9 @@ pub struct RunArgs {
     /// Inject N failures at random records of random subtasks (recovered by the restart strategy).
     #[arg(long, value_name = "N")]
     inject_failures: Option<usize>,
+    /// Inject failures only into tasks whose head operator uid starts with this.
+    #[arg(long, value_name = "UID_PREFIX", requires = "inject_failures")]
+    inject_uid: Option<String>,
     /// Seed for --inject-failures.
     #[arg(long, value_name = "S", default_value_t = 0)]
     seed: u64,
@@ -306,8 +309,11 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
                 output: output.clone(),
             })
         }
-        ("backpressure", WordInput::File(_)) => {
-            bail!("backpressure generates its input: use --generate N")
+        ("backpressure", WordInput::File(_)) | ("pipelines", WordInput::File(_)) => {
+            bail!("{} generates its input: use --generate N", args.job)
+        }
+        ("pipelines", WordInput::Generate { count, keys }) => {
+            pipelines::build(*count, *keys, &output)
         }
         _ => wordcount::build(&input, &output),
     }
@@ -354,6 +360,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let expected_records = match &input {
         WordInput::Generate { count, .. } if args.job == "backpressure" => count + count / 10,
+        WordInput::Generate { count, .. } if args.job == "pipelines" => count * 2,
         WordInput::Generate { count, .. } => *count,
         // Failures are planned within the smallest record count any task sees: the lines.
         WordInput::File(p) if args.inject_failures.is_some() => count_lines(p)?,
@@ -380,6 +387,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         }),
         on_progress: interactive
             .then(|| Arc::new(progress_line) as Arc<dyn Fn(&Progress) + Send + Sync>),
+        inject_target: cairn::runtime::InjectTarget(args.inject_uid.clone()),
         metrics: None,
         status: rest.as_ref().map(|(_, status)| status.clone()),
         job_id: None,

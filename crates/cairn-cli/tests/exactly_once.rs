@@ -338,3 +338,102 @@ fn two_input_job_under_backpressure_with_unaligned_checkpoints_keeps_exactly_onc
         assert_exactly_once(&out_dir, &expected);
     }
 }
+
+/// Distinct sink writer instances (file name tokens) among the committed files of `dir`:
+/// one per subtask if the sink was never restarted.
+fn writer_instances(dir: &std::path::Path) -> usize {
+    let mut tokens = std::collections::HashSet::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if let Some(token) = name.split('-').nth(1) {
+            if !name.starts_with('.') {
+                tokens.insert(token.to_string());
+            }
+        }
+    }
+    tokens.len()
+}
+
+#[test]
+fn region_failover_restarts_only_the_failed_pipeline() {
+    let (count, keys) = (400_000u64, 1_000u64);
+    let expected = generated_counts(count, keys);
+    for seed in [4u64, 9] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let run = run_ok(
+            cairn()
+                .args(["run", "pipelines", "-p", "2"])
+                .args([
+                    "--generate",
+                    &count.to_string(),
+                    "--keys",
+                    &keys.to_string(),
+                ])
+                .arg("--output")
+                .arg(&out)
+                .args(["--checkpoint-interval", "20ms"])
+                .args([
+                    "--inject-failures",
+                    "3",
+                    "--seed",
+                    &seed.to_string(),
+                    "--inject-uid",
+                    "a-",
+                ])
+                .args(RESTART_FAST)
+                .args(["-D", "jobmanager.execution.failover-strategy=region"]),
+        );
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(stderr.contains("3/3 injected failures"), "{stderr}");
+        assert_eq!(
+            stderr.matches("restarting that region only").count(),
+            3,
+            "{stderr}"
+        );
+        assert_exactly_once(&out.join("a"), &expected);
+        assert_exactly_once(&out.join("b"), &expected);
+        // Pipeline b kept running: its two sink subtasks are the ones it started with.
+        assert_eq!(
+            writer_instances(&out.join("b")),
+            2,
+            "pipeline b was restarted"
+        );
+    }
+}
+
+#[test]
+fn full_failover_restarts_both_pipelines() {
+    let (count, keys) = (400_000u64, 1_000u64);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let run = run_ok(
+        cairn()
+            .args(["run", "pipelines", "-p", "2"])
+            .args([
+                "--generate",
+                &count.to_string(),
+                "--keys",
+                &keys.to_string(),
+            ])
+            .arg("--output")
+            .arg(&out)
+            .args(["--checkpoint-interval", "20ms"])
+            .args([
+                "--inject-failures",
+                "2",
+                "--seed",
+                "4",
+                "--inject-uid",
+                "a-",
+            ])
+            .args(RESTART_FAST)
+            .args(["-D", "jobmanager.execution.failover-strategy=full"]),
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!stderr.contains("restarting that region only"), "{stderr}");
+    assert!(stderr.contains(", 2 restarts"), "{stderr}");
+    let expected = generated_counts(count, keys);
+    assert_exactly_once(&out.join("a"), &expected);
+    assert_exactly_once(&out.join("b"), &expected);
+}

@@ -41,6 +41,8 @@ pub struct CheckpointSettings {
 /// One subtask as the coordinator sees it.
 #[derive(Debug, Clone)]
 pub struct TaskInfo {
+    /// Global task index.
+    pub index: usize,
     /// Task name.
     pub name: String,
     /// Subtask index.
@@ -81,7 +83,7 @@ pub struct CheckpointCoordinator {
     job_name: String,
     max_parallelism: u32,
     next_id: u64,
-    attempt: u32,
+    attempts: Vec<u32>,
     tasks: Vec<TaskInfo>,
     pending: BTreeMap<u64, Pending>,
     retained: VecDeque<u64>,
@@ -130,7 +132,7 @@ impl CheckpointCoordinator {
             job_name,
             max_parallelism,
             next_id: (highest + 1).max(min_next_id),
-            attempt: 0,
+            attempts: Vec::new(),
             tasks: Vec::new(),
             pending: BTreeMap::new(),
             retained: VecDeque::new(),
@@ -156,15 +158,19 @@ impl CheckpointCoordinator {
         &self.job_id
     }
 
-    /// Starts a new attempt with a new set of subtasks; in-flight checkpoints of the previous
-    /// attempt are aborted.
-    pub fn start_attempt(&mut self, attempt: u32, tasks: Vec<TaskInfo>) {
+    /// Sets the subtasks (all of them, in global order) and the attempt each belongs to, after
+    /// a (re)deployment of some or all of them; in-flight checkpoints are aborted, since they
+    /// wait for subtasks that are gone.
+    pub fn set_tasks(&mut self, tasks: Vec<TaskInfo>, attempts: Vec<u32>) {
         let ids: Vec<u64> = self.pending.keys().copied().collect();
         for id in ids {
             self.pending.remove(&id);
+            for t in &tasks {
+                let _ = t.mailbox.send(Mail::CheckpointAborted(id));
+            }
             self.remove_dir(id);
         }
-        self.attempt = attempt;
+        self.attempts = attempts;
         self.tasks = tasks;
         self.last_trigger = None;
     }
@@ -250,7 +256,7 @@ impl CheckpointCoordinator {
 
     /// A subtask acknowledged. Returns the ids of checkpoints that completed as a result.
     pub fn on_ack(&mut self, ack: TaskAck) -> Result<Vec<u64>, TooManyFailures> {
-        if ack.attempt != self.attempt {
+        if self.attempts.get(ack.task_index) != Some(&ack.attempt) {
             return Ok(Vec::new());
         }
         let id = ack.checkpoint_id;
@@ -276,7 +282,7 @@ impl CheckpointCoordinator {
         attempt: u32,
         reason: &str,
     ) -> Result<(), TooManyFailures> {
-        if attempt != self.attempt || !self.pending.contains_key(&id) {
+        if !self.attempts.contains(&attempt) || !self.pending.contains_key(&id) {
             return Ok(());
         }
         self.abort(id, reason)

@@ -50,10 +50,11 @@ struct WorkerHandle {
 
 struct JobEntry {
     events: Option<Sender<JobEvent>>,
-    attempt: u32,
-    workers: Vec<u32>,
+    /// Live deployments: attempt → workers it runs on.
+    attempts: HashMap<u32, Vec<u32>>,
     status: Arc<JobStatus>,
-    cancel_acks: HashMap<u32, bool>,
+    /// (attempt, worker) pairs that confirmed a cancellation.
+    cancel_acks: std::collections::HashSet<(u32, u32)>,
 }
 
 struct Inner {
@@ -159,10 +160,9 @@ impl Coordinator {
                 job_id.clone(),
                 JobEntry {
                     events: None,
-                    attempt: 0,
-                    workers: Vec::new(),
+                    attempts: HashMap::new(),
                     status: status.clone(),
-                    cancel_acks: HashMap::new(),
+                    cancel_acks: Default::default(),
                 },
             );
         }
@@ -275,11 +275,17 @@ fn parse_json_line(text: &str) -> Option<(String, Vec<String>)> {
 fn notify_jobs_of_lost_worker(inner: &Inner, worker: u32, reason: &str) {
     if let Ok(mut jobs) = inner.jobs.lock() {
         for entry in jobs.values_mut() {
-            entry.cancel_acks.remove(&worker);
-            if entry.workers.contains(&worker) {
+            let lost: Vec<u32> = entry
+                .attempts
+                .iter()
+                .filter(|(_, ws)| ws.contains(&worker))
+                .map(|(a, _)| *a)
+                .collect();
+            for attempt in lost {
+                entry.attempts.remove(&attempt);
                 if let Some(events) = &entry.events {
                     let _ = events.send(JobEvent::Lost {
-                        attempt: entry.attempt,
+                        attempt,
                         reason: format!("worker {worker} lost: {reason}"),
                     });
                 }
@@ -355,9 +361,7 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
             Ok(ToCoordinator::AttemptCancelled { job_id, attempt }) => {
                 if let Ok(mut jobs) = inner.jobs.lock() {
                     if let Some(j) = jobs.get_mut(&job_id) {
-                        if j.attempt == attempt {
-                            j.cancel_acks.insert(id, true);
-                        }
+                        j.cancel_acks.insert((attempt, id));
                     }
                     inner.jobs_changed.notify_all();
                 }
@@ -515,8 +519,16 @@ impl Executor for ClusterExecutor {
             .iter()
             .map(|d| slot_owner[d.subtask as usize])
             .collect();
+        let mask: Vec<bool> = req
+            .tasks
+            .map_or_else(|| vec![true; assignment.len()], |t| t.to_vec());
         let used: Vec<u32> = {
-            let mut u = assignment.clone();
+            let mut u: Vec<u32> = assignment
+                .iter()
+                .zip(&mask)
+                .filter(|(_, &m)| m)
+                .map(|(&w, _)| w)
+                .collect();
             u.sort_unstable();
             u.dedup();
             u
@@ -539,6 +551,7 @@ impl Executor for ClusterExecutor {
                 .map_err(|e| TaskError::msg(format!("cannot encode the job configuration: {e}")))?,
             restore,
             assignment: assignment.clone(),
+            deploy_mask: mask.clone(),
             workers: workers
                 .iter()
                 .map(|(id, h)| (*id, h.data_addr.clone()))
@@ -547,9 +560,7 @@ impl Executor for ClusterExecutor {
         if let Ok(mut jobs) = self.inner.jobs.lock() {
             if let Some(j) = jobs.get_mut(&self.job_id) {
                 j.events = Some(req.events.clone());
-                j.attempt = req.attempt;
-                j.workers = used.clone();
-                j.cancel_acks.clear();
+                j.attempts.insert(req.attempt, used.clone());
             }
         }
         let writers: Vec<(u32, Writer)> = workers
@@ -565,6 +576,7 @@ impl Executor for ClusterExecutor {
         let infos = descriptions
             .into_iter()
             .enumerate()
+            .filter(|(task, _)| mask[*task])
             .map(|(task, d)| {
                 let writer = writers
                     .iter()
@@ -572,6 +584,7 @@ impl Executor for ClusterExecutor {
                     .map(|(_, w)| w.clone())
                     .unwrap_or_else(|| writers[0].1.clone());
                 TaskInfo {
+                    index: task,
                     name: d.name,
                     subtask: d.subtask,
                     is_source: d.is_source,
@@ -631,10 +644,13 @@ impl Deployed for ClusterDeployment {
                 live.contains(id)
                     && !jobs
                         .get(&self.job_id)
-                        .is_some_and(|j| j.cancel_acks.get(id).copied().unwrap_or(false))
+                        .is_some_and(|j| j.cancel_acks.contains(&(self.attempt, *id)))
             });
             let now = Instant::now();
             if !pending || now >= deadline {
+                if let Some(j) = jobs.get_mut(&self.job_id) {
+                    j.attempts.remove(&self.attempt);
+                }
                 return;
             }
             jobs = match self

@@ -102,6 +102,8 @@ pub struct DeploySpec {
     pub restore: Option<RestoreRef>,
     /// Worker id of every global task index.
     pub assignment: Vec<u32>,
+    /// The global task indices this deployment starts (a pipelined region, or all).
+    pub deploy_mask: Vec<bool>,
     /// Data address of every worker in the assignment.
     pub workers: Vec<(u32, String)>,
 }

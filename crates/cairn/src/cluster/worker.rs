@@ -407,7 +407,12 @@ fn deploy_attempt(
         deployment: Mutex::new(None),
         cancelled: AtomicBool::new(false),
     });
-    let hosted: Vec<bool> = spec.assignment.iter().map(|&w| w == rt.worker_id).collect();
+    let hosted: Vec<bool> = spec
+        .assignment
+        .iter()
+        .zip(&spec.deploy_mask)
+        .map(|(&w, &m)| m && w == rt.worker_id)
+        .collect();
     // Events of local subtasks go to the coordinator.
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<JobEvent>();
     let control2 = control.clone();
@@ -465,6 +470,7 @@ fn deploy_attempt(
         job_id: &spec.job_id,
         injector: &None,
         metrics: &metrics,
+        tasks: None,
     };
     let placement = Placement {
         hosted,
@@ -483,7 +489,11 @@ fn deploy_attempt(
         "worker {worker_id}: running attempt {} of job {} ({} subtasks)",
         spec.attempt,
         spec.job_id,
-        spec.assignment.iter().filter(|&&w| w == worker_id).count()
+        spec.assignment
+            .iter()
+            .zip(&spec.deploy_mask)
+            .filter(|(&w, &m)| m && w == worker_id)
+            .count()
     );
     Ok(())
 }
@@ -625,7 +635,7 @@ fn session(
                     .assignment
                     .iter()
                     .enumerate()
-                    .filter(|(_, &w)| w == worker_id)
+                    .filter(|(t, &w)| w == worker_id && spec.deploy_mask.get(*t) == Some(&true))
                     .map(|(t, _)| t)
                     .collect();
                 if let Err(e) = deploy_attempt(spec, worker_id, opts, attempts, &writer) {

@@ -1,4 +1,5 @@
 //! Built-in jobs, shipped in the `cairn` binary and buildable by name in every process.
 
 pub mod backpressure;
+pub mod pipelines;
 pub mod wordcount;

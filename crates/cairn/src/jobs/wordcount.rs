@@ -34,8 +34,9 @@ pub enum WordOutput {
     Print,
 }
 
+/// The running count per word.
 #[derive(Clone, Default)]
-struct Count {
+pub struct Count {
     count: Option<ValueState<u64>>,
 }
 
@@ -68,6 +69,11 @@ fn encode_line(r: &(Word, u64), out: &mut Vec<u8>) {
     out.push(b'\n');
 }
 
+/// The `WORD<TAB>COUNT` line encoder.
+pub fn encoder() -> Encoder<(Word, u64)> {
+    Arc::new(encode_line)
+}
+
 /// Builds the wordcount job graph.
 pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String> {
     let env = StreamEnv::new();
@@ -93,7 +99,7 @@ pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String>
         .process(Count::default())
         .uid("count")
         .name("count");
-    let encoder: Encoder<(Word, u64)> = Arc::new(encode_line);
+    let encoder = encoder();
     let sink = match output {
         WordOutput::Dir(dir) => counts.sink(FileSink::new(dir, encoder)).name("file-sink"),
         WordOutput::Discard => counts.sink(DiscardSink).name("discard"),

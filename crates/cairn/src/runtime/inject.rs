@@ -26,11 +26,26 @@ impl FailureInjector {
     /// Plans `count` failures over `vertices` task vertices, at source progress in the first
     /// 90 % of `1..=expected_records` (records read by all sources, replays included).
     pub fn new(count: usize, seed: u64, vertices: usize, expected_records: u64) -> Self {
+        Self::among(
+            (0..vertices.max(1)).collect(),
+            count,
+            seed,
+            expected_records,
+        )
+    }
+
+    /// Like [`FailureInjector::new`], choosing only among the `candidates` vertices.
+    pub fn among(candidates: Vec<usize>, count: usize, seed: u64, expected_records: u64) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let vertices = vertices.max(1);
+        let candidates = if candidates.is_empty() {
+            vec![0]
+        } else {
+            candidates
+        };
+        let vertices = candidates.iter().max().map_or(1, |m| m + 1);
         let planned = (0..count)
             .map(|_| Planned {
-                vertex: rng.usize(0..vertices),
+                vertex: candidates[rng.usize(0..candidates.len())],
                 record: rng.u64(1..=(expected_records / 10 * 9).max(1)),
                 fired: AtomicBool::new(false),
             })

@@ -2,6 +2,7 @@
 //! threads, runs the checkpoint coordinator, and on a failure cancels every task and restores
 //! all of them from the latest completed checkpoint as the restart strategy allows.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use crate::checkpoint::coordinator::{CheckpointSettings, CompletedCheckpoint, Ta
 use crate::checkpoint::{
     find_latest, load_checkpoint, load_from_path, CheckpointCoordinator, LoadedCheckpoint,
 };
-use crate::config::{CheckpointingMode, JobConfig, StateBackendKind};
+use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig, StateBackendKind};
 use crate::error::TaskError;
 use crate::runtime::chain::{TaskBody, SOURCE_SPLITS_STATE};
 use crate::state::ChannelStateData;
@@ -51,6 +52,10 @@ pub struct InjectSpec {
     pub expected_records: u64,
 }
 
+/// Fail only tasks whose head operator uid starts with this (None: any task).
+#[derive(Debug, Clone, Default)]
+pub struct InjectTarget(pub Option<String>);
+
 /// A callback receiving progress.
 pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
 
@@ -63,6 +68,8 @@ pub struct RunOptions {
     pub restore: Option<RestoreFrom>,
     /// Failures to inject.
     pub inject: Option<InjectSpec>,
+    /// Which tasks failures are injected into.
+    pub inject_target: InjectTarget,
     /// Called about once a second with the progress so far.
     pub on_progress: Option<ProgressFn>,
     /// Shared counters (created if None).
@@ -168,6 +175,35 @@ impl Plan {
             .map(|v| v.parallelism)
             .max()
             .unwrap_or(1)
+    }
+
+    /// Pipelined regions: sets of global task indices connected by channels. A failure needs
+    /// to restart only its region when the failover strategy is `region`.
+    pub fn regions(&self, graph: &JobGraph) -> Vec<Vec<usize>> {
+        let n = self.vertices.len();
+        let mut parent: Vec<usize> = (0..n).collect();
+        fn find(p: &mut [usize], x: usize) -> usize {
+            let mut r = x;
+            while p[r] != r {
+                r = p[r];
+            }
+            p[x] = r;
+            r
+        }
+        for e in graph.edges() {
+            let (a, b) = (self.node_vertex[e.from], self.node_vertex[e.to]);
+            let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+            if ra != rb {
+                parent[ra] = rb;
+            }
+        }
+        let mut by_root: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (vi, v) in self.vertices.iter().enumerate() {
+            let root = find(&mut parent, vi);
+            let tasks = by_root.entry(root).or_default();
+            tasks.extend(self.offsets[vi]..self.offsets[vi] + v.parallelism as usize);
+        }
+        by_root.into_values().collect()
     }
 
     /// (vertex, subtask index) of global task `task`.
@@ -358,7 +394,12 @@ pub struct LocalExecutor;
 
 impl Executor for LocalExecutor {
     fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError> {
-        let placement = Placement::local(req.plan.total);
+        let placement = Placement {
+            hosted: req
+                .tasks
+                .map_or_else(|| vec![true; req.plan.total], |t| t.to_vec()),
+            links: None,
+        };
         Ok(Box::new(deploy(req, &placement)?))
     }
 }
@@ -430,6 +471,8 @@ pub struct DeployRequest<'a> {
     pub injector: &'a Option<Arc<FailureInjector>>,
     /// Shared counters.
     pub metrics: &'a Arc<JobMetrics>,
+    /// The subtasks to deploy (a pipelined region), by global index; None: all.
+    pub tasks: Option<&'a [bool]>,
 }
 
 /// Builds and starts the subtasks `placement` puts in this process.
@@ -594,6 +637,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                 return Err(TaskError::msg("mailbox missing for a local task"));
             };
             infos.push(TaskInfo {
+                index: global,
                 name: v.name.clone(),
                 subtask: i,
                 is_source: v.is_source,
@@ -856,19 +900,42 @@ pub fn run_job_with(
         c
     });
 
+    let candidates: Vec<usize> = plan
+        .vertices
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| {
+            opts.inject_target
+                .0
+                .as_ref()
+                .is_none_or(|p| graph.nodes()[v.nodes[0]].uid.starts_with(p.as_str()))
+        })
+        .map(|(i, _)| i)
+        .collect();
     let injector = opts.inject.map(|s| {
-        Arc::new(FailureInjector::new(
+        Arc::new(FailureInjector::among(
+            candidates.clone(),
             s.count,
             s.seed,
-            plan.vertices.len(),
             s.expected_records,
         ))
     });
     let mut restarts = RestartTracker::new(config.effective_restart_strategy());
     let mut restart_count = 0u32;
-    let mut attempt = 0u32;
+    // Every deployment of a region gets its own attempt number; events carry it.
+    let mut next_attempt = 0u32;
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<JobEvent>();
     let mut last_progress = Instant::now();
+    let regions = plan.regions(graph);
+    let total = plan.total;
+    let mut region_of_task = vec![0usize; total];
+    for (r, tasks) in regions.iter().enumerate() {
+        for &t in tasks {
+            region_of_task[t] = r;
+        }
+    }
+    let region_failover = regions.len() > 1 && config.failover_strategy == FailoverStrategy::Region;
+    let task_of_node = |node: usize| plan.offsets[plan.node_vertex[node]];
 
     loop {
         // The state to start this attempt from: the newest checkpoint completed by this run, else
@@ -880,74 +947,76 @@ pub fn run_job_with(
                 JobError::Restore(format!("cannot read back completed checkpoint {id}: {e}"))
             })?);
         }
-        for node in graph.nodes() {
-            if let Some(init) = &node.sink_init {
-                let pending = restored
-                    .as_ref()
-                    .map(|c| c.all_list_entries(&node.uid, SINK_PENDING_STATE));
-                init(pending).map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
+        init_sinks(graph, restored.as_ref(), |_| true)?;
+        status.set_state(JobState::Running);
+        let mut infos: Vec<Option<TaskInfo>> = vec![None; total];
+        let mut task_attempt = vec![u32::MAX; total];
+        let mut deployments: Vec<Option<Box<dyn Deployed>>> =
+            (0..regions.len()).map(|_| None).collect();
+        let mut deploy_failure = None;
+        for (r, tasks) in regions.iter().enumerate() {
+            let mut mask = vec![false; total];
+            for &t in tasks {
+                mask[t] = true;
+            }
+            let attempt = next_attempt;
+            next_attempt += 1;
+            let cx = DeployRequest {
+                graph,
+                plan: &plan,
+                config,
+                restored: restored.as_ref(),
+                attempt,
+                events: &events_tx,
+                storage: &storage,
+                job_id: &job_id,
+                injector: &injector,
+                metrics: &metrics,
+                tasks: Some(&mask),
+            };
+            match executor.deploy(&cx) {
+                Ok(d) => {
+                    for info in d.infos() {
+                        task_attempt[info.index] = attempt;
+                        infos[info.index] = Some(info.clone());
+                    }
+                    deployments[r] = Some(d);
+                }
+                Err(e) => {
+                    deploy_failure = Some(e);
+                    break;
+                }
             }
         }
-        let cx = DeployRequest {
-            graph,
-            plan: &plan,
-            config,
-            restored: restored.as_ref(),
-            attempt,
-            events: &events_tx,
-            storage: &storage,
-            job_id: &job_id,
-            injector: &injector,
-            metrics: &metrics,
-        };
-        status.set_state(JobState::Running);
-        let deployment = match executor.deploy(&cx) {
-            Ok(d) => d,
-            Err(e) if attempt == 0 => {
+        if let Some(e) = deploy_failure {
+            for d in deployments.into_iter().flatten() {
+                d.cancel();
+            }
+            if next_attempt as usize <= regions.len() {
                 status.set_state(JobState::Failed);
                 return Err(JobError::Setup(e.to_string()));
             }
-            Err(e) => {
-                let cause = format!("the job could not be redeployed: {e}");
-                warn!("job attempt {attempt} failed: {cause}");
-                match restarts.on_failure(Instant::now()) {
-                    Ok(delay) => {
-                        restart_count += 1;
-                        attempt += 1;
-                        status.update(|v| {
-                            v.state = JobState::Restarting;
-                            v.restarts = restart_count;
-                        });
-                        std::thread::sleep(delay);
-                        continue;
-                    }
-                    Err(reason) => {
-                        status.set_state(JobState::Failed);
-                        return Err(JobError::Failed {
-                            restarts: restart_count,
-                            cause,
-                            reason,
-                        });
-                    }
-                }
-            }
+            let cause = format!("the job could not be redeployed: {e}");
+            warn!("{cause}");
+            let delay = decide_restart(&mut restarts, &mut restart_count, &status, cause)?;
+            std::thread::sleep(delay);
+            continue;
+        }
+        let Some(mut all_infos) = infos.iter().cloned().collect::<Option<Vec<TaskInfo>>>() else {
+            return Err(JobError::Setup("some subtasks were not deployed".into()));
         };
         if let Some(c) = coordinator.as_mut() {
-            c.start_attempt(attempt, deployment.infos().to_vec());
+            c.set_tasks(all_infos.clone(), task_attempt.clone());
         }
-        let sources: Vec<usize> = deployment
-            .infos()
+        let sources: Vec<usize> = all_infos
             .iter()
-            .enumerate()
-            .filter(|(_, t)| t.is_source)
-            .map(|(i, _)| i)
+            .filter(|t| t.is_source)
+            .map(|t| t.index)
             .collect();
-        let total = deployment.infos().len();
         let mut exhausted = vec![false; total];
-        let mut exhausted_count = 0;
+        let mut exited = vec![false; total];
         let mut final_checkpoint: Option<u64> = None;
         let mut end_sent = false;
-        let mut exited = 0;
 
         let end = loop {
             let now = Instant::now();
@@ -968,7 +1037,8 @@ pub fn run_job_with(
                     break AttemptEnd::Failed("event channel closed".into())
                 }
             };
-            let mut failure: Option<String> = None;
+            // A failure, and the region it is confined to (None: the whole job).
+            let mut failure: Option<(String, Option<usize>)> = None;
             match event {
                 Some(JobEvent::Ack(ack)) => {
                     if let Some(c) = coordinator.as_mut() {
@@ -978,14 +1048,12 @@ pub fn run_job_with(
                                     if !end_sent && done.iter().any(|&d| d >= f) {
                                         end_sent = true;
                                         for &s in &sources {
-                                            let _ = deployment.infos()[s]
-                                                .mailbox
-                                                .send(Mail::EndOfInput);
+                                            let _ = all_infos[s].mailbox.send(Mail::EndOfInput);
                                         }
                                     }
                                 }
                             }
-                            Err(e) => failure = Some(e.to_string()),
+                            Err(e) => failure = Some((e.to_string(), None)),
                         }
                     }
                 }
@@ -996,34 +1064,104 @@ pub fn run_job_with(
                 }) => {
                     if let Some(c) = coordinator.as_mut() {
                         if let Err(e) = c.on_decline(checkpoint_id, a, &reason) {
-                            failure = Some(e.to_string());
+                            failure = Some((e.to_string(), None));
                         }
                     }
                 }
-                Some(JobEvent::SourceExhausted { attempt: a, task }) if a == attempt => {
-                    if !exhausted[task] {
-                        exhausted[task] = true;
-                        exhausted_count += 1;
+                Some(JobEvent::SourceExhausted { attempt: a, task })
+                    if task_attempt.get(task) == Some(&a) =>
+                {
+                    exhausted[task] = true;
+                }
+                Some(JobEvent::Lost { attempt: a, reason }) => {
+                    if let Some(t) = task_attempt.iter().position(|&x| x == a) {
+                        failure = Some((reason, Some(region_of_task[t])));
                     }
                 }
-                Some(JobEvent::Lost { attempt: a, reason }) if a == attempt => {
-                    failure = Some(reason);
-                }
                 Some(JobEvent::Exited {
-                    attempt: a, result, ..
-                }) if a == attempt => match result {
+                    attempt: a,
+                    task,
+                    result,
+                }) if task_attempt.get(task) == Some(&a) => match result {
                     Ok(()) => {
-                        exited += 1;
-                        if exited == total {
+                        exited[task] = true;
+                        if exited.iter().all(|&e| e) {
                             break AttemptEnd::Finished;
                         }
                     }
-                    Err(e) => failure = Some(e.to_string()),
+                    Err(e) => failure = Some((e.to_string(), Some(region_of_task[task]))),
                 },
                 Some(_) | None => {}
             }
-            if let Some(f) = failure {
-                break AttemptEnd::Failed(f);
+            if let Some((cause, region)) = failure {
+                match region {
+                    // Restart only the failed pipelined region; the others keep running.
+                    Some(r) if region_failover && !end_sent && checkpointing => {
+                        let old = task_attempt[regions[r][0]];
+                        if let Some(d) = deployments[r].take() {
+                            d.cancel();
+                        }
+                        let cause = drain_cause(&events_rx, old, cause);
+                        warn!("region {r} of the job failed: {cause}; restarting that region only");
+                        status.update(|v| v.failure_cause = Some(cause.clone()));
+                        let delay =
+                            decide_restart(&mut restarts, &mut restart_count, &status, cause)?;
+                        std::thread::sleep(delay);
+                        if let Some(c) = coordinator.as_ref().and_then(|c| c.completed().last()) {
+                            let id = c.id;
+                            restored = Some(
+                                load_checkpoint(storage.as_ref(), &job_id, id).map_err(|e| {
+                                    JobError::Restore(format!(
+                                        "cannot read back completed checkpoint {id}: {e}"
+                                    ))
+                                })?,
+                            );
+                        }
+                        let in_region = |node: usize| region_of_task[task_of_node(node)] == r;
+                        init_sinks(graph, restored.as_ref(), in_region)?;
+                        let mut mask = vec![false; total];
+                        for &t in &regions[r] {
+                            mask[t] = true;
+                            exhausted[t] = false;
+                            exited[t] = false;
+                        }
+                        let attempt = next_attempt;
+                        next_attempt += 1;
+                        let cx = DeployRequest {
+                            graph,
+                            plan: &plan,
+                            config,
+                            restored: restored.as_ref(),
+                            attempt,
+                            events: &events_tx,
+                            storage: &storage,
+                            job_id: &job_id,
+                            injector: &injector,
+                            metrics: &metrics,
+                            tasks: Some(&mask),
+                        };
+                        match executor.deploy(&cx) {
+                            Ok(d) => {
+                                for info in d.infos() {
+                                    task_attempt[info.index] = attempt;
+                                    all_infos[info.index] = info.clone();
+                                }
+                                deployments[r] = Some(d);
+                                final_checkpoint = None;
+                                if let Some(c) = coordinator.as_mut() {
+                                    c.set_tasks(all_infos.clone(), task_attempt.clone());
+                                }
+                                status.set_state(JobState::Running);
+                            }
+                            Err(e) => {
+                                break AttemptEnd::Failed(format!(
+                                    "region {r} could not be redeployed: {e}"
+                                ))
+                            }
+                        }
+                    }
+                    _ => break AttemptEnd::Failed(cause),
+                }
             }
             if status.cancel_requested() {
                 break AttemptEnd::Canceled;
@@ -1039,7 +1177,8 @@ pub fn run_job_with(
                         final_checkpoint = None;
                     }
                 }
-                if exhausted_count == sources.len() && final_checkpoint.is_none() {
+                let all_exhausted = sources.iter().all(|&s| exhausted[s]);
+                if all_exhausted && final_checkpoint.is_none() {
                     final_checkpoint = c.maybe_trigger(true);
                 } else if final_checkpoint.is_none() {
                     c.maybe_trigger(false);
@@ -1063,12 +1202,16 @@ pub fn run_job_with(
 
         match end {
             AttemptEnd::Canceled => {
-                deployment.cancel();
+                for d in deployments.into_iter().flatten() {
+                    d.cancel();
+                }
                 status.set_state(JobState::Canceled);
                 return Err(JobError::Canceled);
             }
             AttemptEnd::Finished => {
-                deployment.join();
+                for d in deployments.into_iter().flatten() {
+                    d.join();
+                }
                 if let Some(c) = &coordinator {
                     sync_status(&status, c);
                 }
@@ -1090,11 +1233,20 @@ pub fn run_job_with(
                 });
             }
             AttemptEnd::Failed(cause) => {
-                deployment.cancel();
-                // Drain what the cancelled attempt still reported; a more telling cause than
+                for d in deployments.into_iter().flatten() {
+                    d.cancel();
+                }
+                // Drain what the cancelled attempts still reported; a more telling cause than
                 // "task cancelled" may be among it.
-                let cause = drain_cause(&events_rx, attempt, cause);
-                warn!("job attempt {attempt} failed: {cause}");
+                let mut cause = cause;
+                for a in task_attempt
+                    .iter()
+                    .copied()
+                    .collect::<std::collections::BTreeSet<u32>>()
+                {
+                    cause = drain_cause(&events_rx, a, cause);
+                }
+                warn!("job failed: {cause}");
                 status.update(|v| v.failure_cause = Some(cause.clone()));
                 if !checkpointing {
                     status.set_state(JobState::Failed);
@@ -1106,29 +1258,59 @@ pub fn run_job_with(
                                 .into(),
                     });
                 }
-                match restarts.on_failure(Instant::now()) {
-                    Ok(delay) => {
-                        restart_count += 1;
-                        status.update(|v| {
-                            v.state = JobState::Restarting;
-                            v.restarts = restart_count;
-                        });
-                        attempt += 1;
-                        info!("restarting job in {delay:?} (restart {restart_count})");
-                        std::thread::sleep(delay);
-                    }
-                    Err(reason) => {
-                        status.set_state(JobState::Failed);
-                        return Err(JobError::Failed {
-                            restarts: restart_count,
-                            cause,
-                            reason,
-                        });
-                    }
-                }
+                let delay = decide_restart(&mut restarts, &mut restart_count, &status, cause)?;
+                info!("restarting job in {delay:?} (restart {restart_count})");
+                std::thread::sleep(delay);
             }
         }
     }
+}
+
+/// Asks the restart strategy about a failure: the delay before restarting, or the job's end.
+fn decide_restart(
+    restarts: &mut RestartTracker,
+    restart_count: &mut u32,
+    status: &JobStatus,
+    cause: String,
+) -> Result<Duration, JobError> {
+    match restarts.on_failure(Instant::now()) {
+        Ok(delay) => {
+            *restart_count += 1;
+            let n = *restart_count;
+            status.update(|v| {
+                v.state = JobState::Restarting;
+                v.restarts = n;
+            });
+            Ok(delay)
+        }
+        Err(reason) => {
+            status.set_state(JobState::Failed);
+            Err(JobError::Failed {
+                restarts: *restart_count,
+                cause,
+                reason,
+            })
+        }
+    }
+}
+
+/// Runs the once-per-attempt initialization of the sinks `select`ed: commit the restored
+/// checkpoint's pre-committed transactions, discard the rest.
+fn init_sinks(
+    graph: &JobGraph,
+    restored: Option<&LoadedCheckpoint>,
+    select: impl Fn(usize) -> bool,
+) -> Result<(), JobError> {
+    for node in graph.nodes() {
+        if let Some(init) = &node.sink_init {
+            if !select(node.id) {
+                continue;
+            }
+            let pending = restored.map(|c| c.all_list_entries(&node.uid, SINK_PENDING_STATE));
+            init(pending).map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
+        }
+    }
+    Ok(())
 }
 
 fn sync_status(status: &JobStatus, c: &CheckpointCoordinator) {

@@ -13,6 +13,7 @@ pub mod status;
 pub mod task;
 
 pub use job::{
-    run_job, run_job_with, InjectSpec, JobError, JobSummary, Progress, RestoreFrom, RunOptions,
+    run_job, run_job_with, InjectSpec, InjectTarget, JobError, JobSummary, Progress, RestoreFrom,
+    RunOptions,
 };
 pub use status::{JobState, JobStatus, JobStatusView};

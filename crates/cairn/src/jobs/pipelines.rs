@@ -1,0 +1,34 @@
+//! `pipelines`: two independent wordcount pipelines in one job (two pipelined regions), each
+//! into its own output directory (`DIR/a`, `DIR/b`). With the region failover strategy a
+//! failure in one pipeline restarts only that pipeline; the other keeps running.
+
+use std::path::Path;
+
+use crate::api::{JobGraph, StreamEnv};
+use crate::connectors::{DiscardSink, FileSink, GeneratorSource, Word};
+
+use super::wordcount::{encoder, Count, WordOutput};
+
+/// Builds the job: `count` generated words over `keys` in each pipeline.
+pub fn build(count: u64, keys: u64, output: &WordOutput) -> Result<JobGraph, String> {
+    let env = StreamEnv::new();
+    for name in ["a", "b"] {
+        let counts = env
+            .source(GeneratorSource::new(count, keys))
+            .uid(&format!("{name}-source"))
+            .name(&format!("{name}-source"))
+            .key_by(|w: &Word| w.clone())
+            .process(Count::default())
+            .uid(&format!("{name}-count"))
+            .name(&format!("{name}-count"));
+        let sink = match output {
+            WordOutput::Dir(dir) => {
+                counts.sink(FileSink::new(Path::new(dir).join(name), encoder()))
+            }
+            WordOutput::Discard | WordOutput::Print => counts.sink(DiscardSink),
+        };
+        sink.uid(&format!("{name}-sink"))
+            .name(&format!("{name}-sink"));
+    }
+    env.build("pipelines")
+}
