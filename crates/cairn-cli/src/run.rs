@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cairn::api::JobGraph;
-use cairn::cluster::JobFactory;
+use cairn::cluster::{BuiltJob, JobFactory};
 use cairn::config::{keys, JobConfig};
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::jobs::{backpressure, pipelines};
@@ -333,21 +333,41 @@ struct RunCommand {
 pub struct BuiltinJobs;
 
 impl JobFactory for BuiltinJobs {
-    fn build(
-        &self,
-        job: &str,
-        args: &[String],
-    ) -> std::result::Result<(JobGraph, JobConfig), String> {
+    fn build(&self, job: &str, args: &[String]) -> std::result::Result<BuiltJob, String> {
         let argv = ["run", job]
             .into_iter()
             .map(String::from)
             .chain(args.iter().cloned());
         let parsed = RunCommand::try_parse_from(argv)
             .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())?;
-        build_job(&parsed.args)
-            .map(|(g, c, _)| (g, c))
-            .map_err(|e| format!("{e:#}"))
+        let (graph, config, input) = build_job(&parsed.args).map_err(|e| format!("{e:#}"))?;
+        let inject = match parsed.args.inject_failures {
+            Some(count) => Some(InjectSpec {
+                count,
+                seed: parsed.args.seed,
+                expected_records: expected_records(&parsed.args, &input)
+                    .map_err(|e| format!("{e:#}"))?,
+            }),
+            None => None,
+        };
+        Ok(BuiltJob {
+            graph,
+            config,
+            inject,
+            inject_target: cairn::runtime::InjectTarget(parsed.args.inject_uid.clone()),
+        })
     }
+}
+
+fn expected_records(args: &RunArgs, input: &WordInput) -> Result<u64> {
+    Ok(match input {
+        WordInput::Generate { count, .. } if args.job == "backpressure" => count + count / 10,
+        WordInput::Generate { count, .. } if args.job == "pipelines" => count * 2,
+        WordInput::Generate { count, .. } => *count,
+        // Failures are planned within the smallest record count any task sees: the lines.
+        WordInput::File(p) if args.inject_failures.is_some() => count_lines(p)?,
+        WordInput::File(_) => 1,
+    })
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -358,14 +378,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some("") => bail!("--from needs a checkpoint path or 'latest'"),
         Some(p) => Some(RestoreFrom::Path(PathBuf::from(p))),
     };
-    let expected_records = match &input {
-        WordInput::Generate { count, .. } if args.job == "backpressure" => count + count / 10,
-        WordInput::Generate { count, .. } if args.job == "pipelines" => count * 2,
-        WordInput::Generate { count, .. } => *count,
-        // Failures are planned within the smallest record count any task sees: the lines.
-        WordInput::File(p) if args.inject_failures.is_some() => count_lines(p)?,
-        WordInput::File(_) => 1,
-    };
+    let expected_records = expected_records(&args, &input)?;
 
     // The job master fills in the job id once it knows it (it may adopt a restored one).
     let rest = match &args.rest {

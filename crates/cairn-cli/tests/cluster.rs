@@ -379,3 +379,103 @@ fn garbage_and_oversized_frames_close_the_connection_but_not_the_process() {
         "no log line about the closed connections: {text}"
     );
 }
+
+fn writer_instances(dir: &Path) -> usize {
+    let mut tokens = std::collections::HashSet::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') {
+            if let Some(token) = name.split('-').nth(1) {
+                tokens.insert(token.to_string());
+            }
+        }
+    }
+    tokens.len()
+}
+
+#[test]
+fn region_failover_in_a_cluster_keeps_the_other_pipeline_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bind, rest) = (free_port(), free_port());
+    let log = tmp.path().join("cluster.log");
+    let _c = coordinator(bind, rest, &tmp.path().join("ck"), &log);
+    let _workers = [worker(bind, &log), worker(bind, &log)];
+    wait_for(
+        "the coordinator's REST API",
+        &log,
+        Duration::from_secs(20),
+        || http_get(rest, "/jobs").map(|_| ()),
+    );
+    let out_dir = tmp.path().join("out");
+    let (count, keys) = (400_000u64, 1_000u64);
+    let out = run_ok(
+        cairn()
+            .args([
+                "submit",
+                "--rest",
+                &format!("http://127.0.0.1:{rest}"),
+                "pipelines",
+                "-p",
+                "4",
+            ])
+            .args([
+                "--generate",
+                &count.to_string(),
+                "--keys",
+                &keys.to_string(),
+                "--output",
+            ])
+            .arg(&out_dir)
+            .args([
+                "--checkpoint-interval",
+                "20ms",
+                "--inject-failures",
+                "2",
+                "--seed",
+                "3",
+                "--inject-uid",
+                "a-",
+            ])
+            .args([
+                "-D",
+                "restart-strategy.type=fixed-delay",
+                "-D",
+                "restart-strategy.fixed-delay.attempts=100",
+            ])
+            .args([
+                "-D",
+                "restart-strategy.fixed-delay.delay=0ms",
+                "-D",
+                "jobmanager.execution.failover-strategy=region",
+            ]),
+    );
+    let jid = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    wait_for("the job to finish", &log, Duration::from_secs(90), || {
+        let s = job_state(rest, &jid)?;
+        assert_ne!(
+            s,
+            "FAILED",
+            "job failed: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        (s == "FINISHED").then_some(())
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("restarting that region only"),
+        "no region restart: {text}"
+    );
+    let expected = generated_counts(count, keys);
+    assert_exactly_once(&out_dir.join("a"), &expected);
+    assert_exactly_once(&out_dir.join("b"), &expected);
+    assert_eq!(
+        writer_instances(&out_dir.join("b")),
+        4,
+        "pipeline b was restarted"
+    );
+}

@@ -147,7 +147,8 @@ impl Coordinator {
         restore: Option<RestoreFrom>,
         job_id: Option<String>,
     ) -> Result<Arc<JobStatus>, String> {
-        let (graph, mut config) = self.inner.opts.factory.build(job, args)?;
+        let built = self.inner.opts.factory.build(job, args)?;
+        let (graph, mut config) = (built.graph, built.config);
         config.checkpoints_dir = Some(self.inner.opts.checkpoint_dir.clone());
         if config.checkpoint_interval.is_none() {
             config.checkpoint_interval = Some(Duration::from_secs(1));

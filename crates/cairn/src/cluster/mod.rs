@@ -21,9 +21,23 @@ pub mod worker;
 
 use crate::api::JobGraph;
 use crate::config::JobConfig;
+use crate::runtime::{InjectSpec, InjectTarget};
+
+/// A job built from its name and flags.
+pub struct BuiltJob {
+    /// The job graph.
+    pub graph: JobGraph,
+    /// Its configuration.
+    pub config: JobConfig,
+    /// Failures to inject (`--inject-failures`); in a cluster each worker plans them over its
+    /// own subtasks and progress.
+    pub inject: Option<InjectSpec>,
+    /// Which tasks failures go to.
+    pub inject_target: InjectTarget,
+}
 
 /// Builds a job by name from `cairn run`-style flags, in every process of a cluster.
 pub trait JobFactory: Send + Sync + 'static {
-    /// The job graph and its configuration, or a one-line error for the user.
-    fn build(&self, job: &str, args: &[String]) -> Result<(JobGraph, JobConfig), String>;
+    /// The job, or a one-line error for the user.
+    fn build(&self, job: &str, args: &[String]) -> Result<BuiltJob, String>;
 }

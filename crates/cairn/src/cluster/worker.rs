@@ -19,6 +19,7 @@ use crate::error::TaskError;
 use crate::runtime::channel::{
     ChannelSender, Credit, CreditReturn, DataFrame, Element, Mail, RemoteChannel,
 };
+use crate::runtime::inject::FailureInjector;
 use crate::runtime::job::{deploy, plan, DataLinks, DeployRequest, Deployment, Placement};
 use crate::runtime::task::{JobEvent, JobMetrics};
 use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
@@ -263,10 +264,14 @@ impl DataLinks for Links {
     }
 }
 
+type JobLocal = (Option<Arc<FailureInjector>>, Arc<JobMetrics>);
+
 #[derive(Default)]
 struct Attempts {
     map: Mutex<HashMap<(String, u32), Arc<AttemptRuntime>>>,
     changed: Condvar,
+    /// Per job: its failure injector and counters on this worker.
+    jobs: Mutex<HashMap<String, JobLocal>>,
 }
 
 impl Attempts {
@@ -337,7 +342,7 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
                 if !rt.route(task as usize, channel as usize, frame, &writer)
                     && !rt.cancelled.load(Ordering::Acquire)
                 {
-                    warn!("data connection from {peer}: frame for unknown task {task}; closing");
+                    warn!("data connection from {peer}: frame for task {task}, which is not running here; closing");
                     return;
                 }
             }
@@ -369,7 +374,8 @@ fn deploy_attempt(
     attempts: &Arc<Attempts>,
     control: &Writer,
 ) -> Result<(), String> {
-    let (graph, _) = opts.factory.build(&spec.job, &spec.args)?;
+    let built = opts.factory.build(&spec.job, &spec.args)?;
+    let graph = built.graph;
     let mut config: crate::config::JobConfig = serde_norway::from_str(&spec.config_yaml)
         .map_err(|e| format!("cannot decode the job configuration: {e}"))?;
     if spec.checkpoint_dir.is_some() {
@@ -458,7 +464,34 @@ fn deploy_attempt(
             }
         })
         .map_err(|e| e.to_string())?;
-    let metrics = Arc::new(JobMetrics::default());
+    // Failure injection and progress live as long as the job on this worker, across attempts.
+    let (injector, metrics) = {
+        let mut jobs = attempts
+            .jobs
+            .lock()
+            .map_err(|_| "worker state poisoned".to_string())?;
+        jobs.entry(spec.job_id.clone())
+            .or_insert_with(|| {
+                let workers = {
+                    let mut w = spec.assignment.clone();
+                    w.sort_unstable();
+                    w.dedup();
+                    w.len().max(1) as u64
+                };
+                let injector = built.inject.map(|s| {
+                    let candidates =
+                        plan.vertices_with_head_prefix(&graph, built.inject_target.0.as_deref());
+                    Arc::new(FailureInjector::among(
+                        candidates,
+                        s.count,
+                        s.seed ^ u64::from(worker_id),
+                        s.expected_records / workers,
+                    ))
+                });
+                (injector, Arc::new(JobMetrics::default()))
+            })
+            .clone()
+    };
     let req = DeployRequest {
         graph: &graph,
         plan: &plan,
@@ -468,7 +501,7 @@ fn deploy_attempt(
         events: &events_tx,
         storage: &storage,
         job_id: &spec.job_id,
-        injector: &None,
+        injector: &injector,
         metrics: &metrics,
         tasks: None,
     };

@@ -42,7 +42,7 @@ pub enum RestoreFrom {
 }
 
 /// Planned failures.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct InjectSpec {
     /// Number of failures.
     pub count: usize,
@@ -204,6 +204,16 @@ impl Plan {
             tasks.extend(self.offsets[vi]..self.offsets[vi] + v.parallelism as usize);
         }
         by_root.into_values().collect()
+    }
+
+    /// Task vertices whose head operator uid starts with `prefix` (all if None).
+    pub fn vertices_with_head_prefix(&self, graph: &JobGraph, prefix: Option<&str>) -> Vec<usize> {
+        self.vertices
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| prefix.is_none_or(|p| graph.nodes()[v.nodes[0]].uid.starts_with(p)))
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// (vertex, subtask index) of global task `task`.
@@ -900,18 +910,7 @@ pub fn run_job_with(
         c
     });
 
-    let candidates: Vec<usize> = plan
-        .vertices
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| {
-            opts.inject_target
-                .0
-                .as_ref()
-                .is_none_or(|p| graph.nodes()[v.nodes[0]].uid.starts_with(p.as_str()))
-        })
-        .map(|(i, _)| i)
-        .collect();
+    let candidates = plan.vertices_with_head_prefix(graph, opts.inject_target.0.as_deref());
     let injector = opts.inject.map(|s| {
         Arc::new(FailureInjector::among(
             candidates.clone(),
@@ -1097,11 +1096,11 @@ pub fn run_job_with(
                 match region {
                     // Restart only the failed pipelined region; the others keep running.
                     Some(r) if region_failover && !end_sent && checkpointing => {
-                        let old = task_attempt[regions[r][0]];
                         if let Some(d) = deployments[r].take() {
                             d.cancel();
                         }
-                        let cause = drain_cause(&events_rx, old, cause);
+                        // Events queued meanwhile are not drained: those of the other regions
+                        // (acks, exhaustion) still count; the cancelled attempt's are stale.
                         warn!("region {r} of the job failed: {cause}; restarting that region only");
                         status.update(|v| v.failure_cause = Some(cause.clone()));
                         let delay =
@@ -1178,6 +1177,7 @@ pub fn run_job_with(
                     }
                 }
                 let all_exhausted = sources.iter().all(|&s| exhausted[s]);
+                tracing::trace!(?exhausted, "sources exhausted");
                 if all_exhausted && final_checkpoint.is_none() {
                     final_checkpoint = c.maybe_trigger(true);
                 } else if final_checkpoint.is_none() {
