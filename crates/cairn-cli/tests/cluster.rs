@@ -43,7 +43,13 @@ fn coordinator(bind: u16, rest: u16, dir: &Path, log: &Path) -> Proc {
             .arg("--checkpoint-dir")
             .arg(dir)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .unwrap(),
+            )
             .spawn()
             .unwrap(),
     )
@@ -478,4 +484,188 @@ fn region_failover_in_a_cluster_keeps_the_other_pipeline_running() {
         4,
         "pipeline b was restarted"
     );
+}
+
+#[test]
+fn garbage_on_a_worker_data_port_is_refused_and_the_worker_keeps_working() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bind, rest, data) = (free_port(), free_port(), free_port());
+    let log = tmp.path().join("c.log");
+    let _c = coordinator(bind, rest, &tmp.path().join("ck"), &log);
+    wait_for(
+        "the coordinator's REST API",
+        &log,
+        Duration::from_secs(20),
+        || http_get(rest, "/jobs").map(|_| ()),
+    );
+    let _w1 = Proc(
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args([
+                "worker",
+                "--coordinator",
+                &format!("127.0.0.1:{bind}"),
+                "--slots",
+                "2",
+            ])
+            .args(["--data-bind", &format!("127.0.0.1:{data}")])
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap(),
+    );
+    let _w2 = worker(bind, &log);
+    wait_for("the data port", &log, Duration::from_secs(20), || {
+        TcpStream::connect(("127.0.0.1", data)).ok()
+    });
+    for junk in [
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        u32::MAX.to_le_bytes().to_vec(),
+        vec![3, 0, 0, 0, 1, 0, 0],
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", data)).unwrap();
+        s.write_all(&junk).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest_of = Vec::new();
+        let _ = s.read_to_end(&mut rest_of);
+    }
+    let out_dir = tmp.path().join("out");
+    let out = run_ok(
+        cairn()
+            .args([
+                "submit",
+                "--rest",
+                &format!("http://127.0.0.1:{rest}"),
+                "wordcount",
+                "-p",
+                "4",
+            ])
+            .args(["--generate", "200000", "--keys", "100", "--output"])
+            .arg(&out_dir),
+    );
+    let jid = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    wait_for("the job to finish", &log, Duration::from_secs(60), || {
+        (job_state(rest, &jid)? == "FINISHED").then_some(())
+    });
+    assert_exactly_once(&out_dir, &generated_counts(200_000, 100));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.matches("data connection from").count() >= 3, "{text}");
+}
+
+#[test]
+fn a_silent_worker_is_declared_dead_by_its_missing_heartbeats() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bind, rest) = (free_port(), free_port());
+    let log = tmp.path().join("c.log");
+    let _c = Proc(
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args([
+                "coordinator",
+                "--bind",
+                &format!("127.0.0.1:{bind}"),
+                "--rest",
+                &format!("127.0.0.1:{rest}"),
+            ])
+            .arg("--checkpoint-dir")
+            .arg(tmp.path().join("ck"))
+            .args(["--heartbeat-timeout", "1s"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let w = worker(bind, &log);
+    wait_for(
+        "the worker to register",
+        &log,
+        Duration::from_secs(20),
+        || {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|t| t.contains("registered from"))
+                .map(|_| ())
+        },
+    );
+    // SIGSTOP: the process and its connection stay, only the heartbeats stop.
+    let pid = w.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = Instant::now();
+    wait_for(
+        "the worker to be declared dead",
+        &log,
+        Duration::from_secs(10),
+        || {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|t| t.contains("missed its heartbeats"))
+                .map(|_| ())
+        },
+    );
+    let detected = stopped.elapsed();
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    assert!(
+        detected < Duration::from_secs(3),
+        "detection took {detected:?}"
+    );
+}
+
+#[test]
+fn the_coordinator_rest_api_requires_its_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (bind, rest) = (free_port(), free_port());
+    let _c = Proc(
+        Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args([
+                "coordinator",
+                "--bind",
+                &format!("127.0.0.1:{bind}"),
+                "--rest",
+                &format!("127.0.0.1:{rest}"),
+            ])
+            .arg("--checkpoint-dir")
+            .arg(tmp.path().join("ck"))
+            .args(["--rest-token", "s3cret"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let log = tmp.path().join("none.log");
+    let status_of = |token: Option<&str>| -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", rest)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        write!(
+            s,
+            "GET /jobs HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.lines().next().map(str::to_string)
+    };
+    let first = wait_for("the REST API", &log, Duration::from_secs(20), || {
+        status_of(None)
+    });
+    assert!(first.contains("401"), "{first}");
+    assert!(status_of(Some("wrong")).unwrap_or_default().contains("401"));
+    assert!(status_of(Some("s3cret"))
+        .unwrap_or_default()
+        .contains("200"));
 }
