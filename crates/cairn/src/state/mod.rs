@@ -435,6 +435,33 @@ pub struct ListState<V> {
     _v: PhantomData<fn() -> V>,
 }
 
+impl<V> Clone for ListState<V> {
+    fn clone(&self) -> Self {
+        ListState {
+            idx: self.idx,
+            _v: PhantomData,
+        }
+    }
+}
+
+impl<UK, UV> Clone for MapState<UK, UV> {
+    fn clone(&self) -> Self {
+        MapState {
+            idx: self.idx,
+            _v: PhantomData,
+        }
+    }
+}
+
+impl<V> Clone for ReducingState<V> {
+    fn clone(&self) -> Self {
+        ReducingState {
+            idx: self.idx,
+            reduce: self.reduce.clone(),
+        }
+    }
+}
+
 impl<V: StateValue> ListState<V> {
     /// The current key's list (empty if none).
     pub fn get<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<&'a [V]> {
