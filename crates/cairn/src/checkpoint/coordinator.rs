@@ -331,8 +331,18 @@ impl CheckpointCoordinator {
     }
 
     fn remove_dir(&self, id: u64) {
-        if let Err(e) = self.storage.delete(&checkpoint_dir(&self.job_id, id)) {
-            warn!("cannot remove checkpoint {id}: {e}");
+        // An upload of an aborted checkpoint may still be adding a file while the directory is
+        // removed; try again a few times (a late acknowledgement removes it again anyway).
+        let path = checkpoint_dir(&self.job_id, id);
+        let mut last = None;
+        for _ in 0..3 {
+            match self.storage.delete(&path) {
+                Ok(()) => return,
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            debug!("cannot remove checkpoint {id} yet: {e}");
         }
     }
 
