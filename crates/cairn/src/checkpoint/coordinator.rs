@@ -172,7 +172,8 @@ impl CheckpointCoordinator {
         }
         self.attempts = attempts;
         self.tasks = tasks;
-        self.last_trigger = None;
+        // The first checkpoint of a (re)deployment comes one interval later, as in Flink.
+        self.last_trigger = Some(Instant::now());
     }
 
     /// Checkpoints completed during this run, oldest first.
