@@ -935,6 +935,16 @@ pub fn run_job_with(
     }
     let region_failover = regions.len() > 1 && config.failover_strategy == FailoverStrategy::Region;
     let task_of_node = |node: usize| plan.offsets[plan.node_vertex[node]];
+    let deployer = Deployer {
+        graph,
+        plan: &plan,
+        config,
+        events: &events_tx,
+        storage: &storage,
+        job_id: &job_id,
+        injector: &injector,
+        metrics: &metrics,
+    };
 
     loop {
         // The state to start this attempt from: the newest checkpoint completed by this run, else
@@ -954,29 +964,18 @@ pub fn run_job_with(
             (0..regions.len()).map(|_| None).collect();
         let mut deploy_failure = None;
         for (r, tasks) in regions.iter().enumerate() {
-            let mut mask = vec![false; total];
-            for &t in tasks {
-                mask[t] = true;
-            }
             let attempt = next_attempt;
             next_attempt += 1;
-            let cx = DeployRequest {
-                graph,
-                plan: &plan,
-                config,
-                restored: restored.as_ref(),
+            let mask = region_mask(tasks, total);
+            match deployer.deploy(
+                executor,
+                restored.as_ref(),
+                &mask,
                 attempt,
-                events: &events_tx,
-                storage: &storage,
-                job_id: &job_id,
-                injector: &injector,
-                metrics: &metrics,
-                tasks: Some(&mask),
-            };
-            match executor.deploy(&cx) {
+                &mut task_attempt,
+            ) {
                 Ok(d) => {
                     for info in d.infos() {
-                        task_attempt[info.index] = attempt;
                         infos[info.index] = Some(info.clone());
                     }
                     deployments[r] = Some(d);
@@ -1118,31 +1117,22 @@ pub fn run_job_with(
                         }
                         let in_region = |node: usize| region_of_task[task_of_node(node)] == r;
                         init_sinks(graph, restored.as_ref(), in_region)?;
-                        let mut mask = vec![false; total];
                         for &t in &regions[r] {
-                            mask[t] = true;
                             exhausted[t] = false;
                             exited[t] = false;
                         }
                         let attempt = next_attempt;
                         next_attempt += 1;
-                        let cx = DeployRequest {
-                            graph,
-                            plan: &plan,
-                            config,
-                            restored: restored.as_ref(),
+                        let mask = region_mask(&regions[r], total);
+                        match deployer.deploy(
+                            executor,
+                            restored.as_ref(),
+                            &mask,
                             attempt,
-                            events: &events_tx,
-                            storage: &storage,
-                            job_id: &job_id,
-                            injector: &injector,
-                            metrics: &metrics,
-                            tasks: Some(&mask),
-                        };
-                        match executor.deploy(&cx) {
+                            &mut task_attempt,
+                        ) {
                             Ok(d) => {
                                 for info in d.infos() {
-                                    task_attempt[info.index] = attempt;
                                     all_infos[info.index] = info.clone();
                                 }
                                 deployments[r] = Some(d);
@@ -1264,6 +1254,57 @@ pub fn run_job_with(
             }
         }
     }
+}
+
+/// What every deployment of one job run shares.
+struct Deployer<'a> {
+    graph: &'a JobGraph,
+    plan: &'a Plan,
+    config: &'a JobConfig,
+    events: &'a Sender<JobEvent>,
+    storage: &'a Arc<dyn CheckpointStorage>,
+    job_id: &'a str,
+    injector: &'a Option<Arc<FailureInjector>>,
+    metrics: &'a Arc<JobMetrics>,
+}
+
+impl Deployer<'_> {
+    /// Deploys the subtasks in `mask` (a region) as `attempt`, restored from `restored`.
+    fn deploy(
+        &self,
+        executor: &mut dyn Executor,
+        restored: Option<&LoadedCheckpoint>,
+        mask: &[bool],
+        attempt: u32,
+        task_attempt: &mut [u32],
+    ) -> Result<Box<dyn Deployed>, TaskError> {
+        let req = DeployRequest {
+            graph: self.graph,
+            plan: self.plan,
+            config: self.config,
+            restored,
+            attempt,
+            events: self.events,
+            storage: self.storage,
+            job_id: self.job_id,
+            injector: self.injector,
+            metrics: self.metrics,
+            tasks: Some(mask),
+        };
+        let d = executor.deploy(&req)?;
+        for info in d.infos() {
+            task_attempt[info.index] = attempt;
+        }
+        Ok(d)
+    }
+}
+
+fn region_mask(tasks: &[usize], total: usize) -> Vec<bool> {
+    let mut mask = vec![false; total];
+    for &t in tasks {
+        mask[t] = true;
+    }
+    mask
 }
 
 /// Asks the restart strategy about a failure: the delay before restarting, or the job's end.
