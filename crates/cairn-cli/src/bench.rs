@@ -1,7 +1,6 @@
 //! `cairn bench`: wordcount throughput under several checkpoint settings, measured as whole
 //! processes (start to exit) of this same binary, in one run, with ratios.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
@@ -447,43 +446,33 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let mut best: Option<Row> = None;
             for r in 0..args.repeat.max(1) {
                 let dir = scratch.join(format!("p{p}-{interval}-{r}"));
-                let summary: PathBuf = scratch.join(format!("p{p}-{interval}-{r}.json"));
-                let mut cmd = Command::new(&exe);
-                cmd.args(["run", "wordcount", "--discard", "--log", "warn"])
-                    .args(["--generate", &args.records.to_string()])
-                    .args(["--keys", &args.keys.to_string()])
-                    .args(["--parallelism", &p.to_string()])
-                    .args(["--checkpoint-interval", interval])
-                    .arg("--summary-json")
-                    .arg(&summary);
+                let mut a: Vec<String> = [
+                    "run",
+                    "wordcount",
+                    "--discard",
+                    "--generate",
+                    &args.records.to_string(),
+                    "--keys",
+                    &args.keys.to_string(),
+                    "--parallelism",
+                    &p.to_string(),
+                    "--checkpoint-interval",
+                    interval,
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
                 if interval != "0" {
-                    cmd.arg("--checkpoint-dir").arg(&dir);
+                    a.extend(["--checkpoint-dir".to_string(), dir.display().to_string()]);
                 }
-                let t0 = Instant::now();
-                let out = cmd.output().context("cannot start a benchmark run")?;
-                let secs = t0.elapsed().as_secs_f64();
-                if !out.status.success() {
-                    bail!(
-                        "benchmark run p={p} interval={interval} failed: {}",
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    );
-                }
-                let json: serde_json::Value = serde_json::from_slice(
-                    &std::fs::read(&summary)
-                        .with_context(|| format!("cannot read {}", summary.display()))?,
-                )?;
+                let (secs, json) = run_child(&exe, &scratch, &format!("p{p}-{interval}-{r}"), &a)?;
                 let cps = json["checkpoints"].as_array().cloned().unwrap_or_default();
-                let mut durations: Vec<u64> = cps
-                    .iter()
-                    .filter_map(|c| c["duration_ms"].as_u64())
-                    .collect();
-                durations.sort_unstable();
                 let row = Row {
                     parallelism: p,
                     interval: interval.clone(),
                     rate: args.records as f64 / secs,
                     checkpoints: cps.len(),
-                    median_ms: durations.get(durations.len() / 2).copied().unwrap_or(0),
+                    median_ms: stat(&cps, "duration_ms").0,
                     size: cps
                         .last()
                         .and_then(|c| c["state_size"].as_u64())

@@ -30,52 +30,55 @@ impl Drop for Proc {
     }
 }
 
-fn coordinator(bind: u16, rest: u16, dir: &Path, log: &Path) -> Proc {
+/// Starts `cairn ARGS`, its stderr appended to `log` (several processes share one log).
+fn spawn(args: &[String], log: &Path) -> Proc {
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
     Proc(
         Command::new(env!("CARGO_BIN_EXE_cairn"))
-            .args([
-                "coordinator",
-                "--bind",
-                &format!("127.0.0.1:{bind}"),
-                "--rest",
-                &format!("127.0.0.1:{rest}"),
-            ])
-            .arg("--checkpoint-dir")
-            .arg(dir)
+            .args(args)
             .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(log)
-                    .unwrap(),
-            )
+            .stderr(stderr)
             .spawn()
             .unwrap(),
     )
 }
 
+fn coordinator_with(bind: u16, rest: u16, dir: &Path, log: &Path, extra: &[&str]) -> Proc {
+    let mut args: Vec<String> = vec![
+        "coordinator".into(),
+        "--bind".into(),
+        format!("127.0.0.1:{bind}"),
+        "--rest".into(),
+        format!("127.0.0.1:{rest}"),
+        "--checkpoint-dir".into(),
+        dir.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    spawn(&args, log)
+}
+
+fn coordinator(bind: u16, rest: u16, dir: &Path, log: &Path) -> Proc {
+    coordinator_with(bind, rest, dir, log, &[])
+}
+
+fn worker_with(bind: u16, log: &Path, extra: &[&str]) -> Proc {
+    let mut args: Vec<String> = vec![
+        "worker".into(),
+        "--coordinator".into(),
+        format!("127.0.0.1:{bind}"),
+        "--slots".into(),
+        "2".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    spawn(&args, log)
+}
+
 fn worker(bind: u16, log: &Path) -> Proc {
-    Proc(
-        Command::new(env!("CARGO_BIN_EXE_cairn"))
-            .args([
-                "worker",
-                "--coordinator",
-                &format!("127.0.0.1:{bind}"),
-                "--slots",
-                "2",
-            ])
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(log)
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap(),
-    )
+    worker_with(bind, log, &[])
 }
 
 fn http_get(port: u16, path: &str) -> Option<String> {
@@ -498,27 +501,8 @@ fn garbage_on_a_worker_data_port_is_refused_and_the_worker_keeps_working() {
         Duration::from_secs(20),
         || http_get(rest, "/jobs").map(|_| ()),
     );
-    let _w1 = Proc(
-        Command::new(env!("CARGO_BIN_EXE_cairn"))
-            .args([
-                "worker",
-                "--coordinator",
-                &format!("127.0.0.1:{bind}"),
-                "--slots",
-                "2",
-            ])
-            .args(["--data-bind", &format!("127.0.0.1:{data}")])
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap(),
-    );
+    let data_bind = format!("127.0.0.1:{data}");
+    let _w1 = worker_with(bind, &log, &["--data-bind", &data_bind]);
     let _w2 = worker(bind, &log);
     wait_for("the data port", &log, Duration::from_secs(20), || {
         TcpStream::connect(("127.0.0.1", data)).ok()
@@ -567,22 +551,12 @@ fn a_silent_worker_is_declared_dead_by_its_missing_heartbeats() {
     let tmp = tempfile::tempdir().unwrap();
     let (bind, rest) = (free_port(), free_port());
     let log = tmp.path().join("c.log");
-    let _c = Proc(
-        Command::new(env!("CARGO_BIN_EXE_cairn"))
-            .args([
-                "coordinator",
-                "--bind",
-                &format!("127.0.0.1:{bind}"),
-                "--rest",
-                &format!("127.0.0.1:{rest}"),
-            ])
-            .arg("--checkpoint-dir")
-            .arg(tmp.path().join("ck"))
-            .args(["--heartbeat-timeout", "1s"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
+    let _c = coordinator_with(
+        bind,
+        rest,
+        &tmp.path().join("ck"),
+        &log,
+        &["--heartbeat-timeout", "1s"],
     );
     let w = worker(bind, &log);
     wait_for(
@@ -627,22 +601,12 @@ fn a_silent_worker_is_declared_dead_by_its_missing_heartbeats() {
 fn the_coordinator_rest_api_requires_its_token() {
     let tmp = tempfile::tempdir().unwrap();
     let (bind, rest) = (free_port(), free_port());
-    let _c = Proc(
-        Command::new(env!("CARGO_BIN_EXE_cairn"))
-            .args([
-                "coordinator",
-                "--bind",
-                &format!("127.0.0.1:{bind}"),
-                "--rest",
-                &format!("127.0.0.1:{rest}"),
-            ])
-            .arg("--checkpoint-dir")
-            .arg(tmp.path().join("ck"))
-            .args(["--rest-token", "s3cret"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let _c = coordinator_with(
+        bind,
+        rest,
+        &tmp.path().join("ck"),
+        &tmp.path().join("c.log"),
+        &["--rest-token", "s3cret"],
     );
     let log = tmp.path().join("none.log");
     let status_of = |token: Option<&str>| -> Option<String> {

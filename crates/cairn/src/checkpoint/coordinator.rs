@@ -380,13 +380,6 @@ impl CheckpointCoordinator {
                 }
                 Err(reason) => {
                     // The metadata could not be written: the checkpoint does not exist.
-                    self.pending.insert(
-                        id,
-                        Pending {
-                            remaining: 0,
-                            ..placeholder(id)
-                        },
-                    );
                     self.abort(id, &reason)?;
                 }
             }
@@ -461,18 +454,5 @@ impl CheckpointCoordinator {
                 }
             }
         }
-    }
-}
-
-fn placeholder(id: u64) -> Pending {
-    Pending {
-        barrier: Barrier {
-            id,
-            timestamp_ms: 0,
-            aligned_only: false,
-        },
-        started: Instant::now(),
-        acks: Vec::new(),
-        remaining: 0,
     }
 }

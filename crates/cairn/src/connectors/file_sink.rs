@@ -199,13 +199,15 @@ impl<T: Send> SinkWriter<T> for FileSinkWriter<T> {
             (self.encoder)(&r, &mut self.buf);
         }
         let buf = std::mem::take(&mut self.buf);
-        let dir = self.dir.clone();
         let cur = self.open()?;
         let result = cur.file.write_all(&buf);
         cur.bytes += buf.len() as u64;
-        let base = cur.base.clone();
+        if let Err(e) = result {
+            let base = cur.base.clone();
+            return Err(io_err("write", &self.dir.join(in_progress_name(&base)), e));
+        }
         self.buf = buf;
-        result.map_err(|e| io_err("write", &dir.join(in_progress_name(&base)), e))
+        Ok(())
     }
 
     fn pre_commit(&mut self, checkpoint_id: u64) -> TaskResult<Vec<Vec<u8>>> {

@@ -75,13 +75,7 @@ impl Source<String> for FileSource {
         _subtask: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<String>>> {
-        let splits = splits
-            .iter()
-            .map(|b| postcard::from_bytes::<Split>(b))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                TaskError::msg(format!("corrupt file source position in checkpoint: {e}"))
-            })?;
+        let splits: Vec<Split> = super::decode_splits("file source", &splits)?;
         Ok(Box::new(FileReader {
             path: self.path.clone(),
             splits,
@@ -186,10 +180,7 @@ impl SourceReader<String> for FileReader {
     }
 
     fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
-        self.splits
-            .iter()
-            .map(|s| postcard::to_stdvec(s).map_err(TaskError::msg))
-            .collect()
+        super::encode_splits(&self.splits)
     }
 }
 

@@ -49,13 +49,7 @@ impl Source<Word> for GeneratorSource {
         _subtask: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<Word>>> {
-        let splits = splits
-            .iter()
-            .map(|b| postcard::from_bytes::<Split>(b))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                TaskError::msg(format!("corrupt generator position in checkpoint: {e}"))
-            })?;
+        let splits: Vec<Split> = super::decode_splits("generator", &splits)?;
         Ok(Box::new(GeneratorReader {
             keys: self.keys,
             splits,
@@ -94,10 +88,7 @@ impl SourceReader<Word> for GeneratorReader {
     }
 
     fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
-        self.splits
-            .iter()
-            .map(|s| postcard::to_stdvec(s).map_err(TaskError::msg))
-            .collect()
+        super::encode_splits(&self.splits)
     }
 }
 

@@ -20,5 +20,27 @@ pub use throttled::ThrottledSink;
 
 use std::sync::Arc;
 
+use crate::error::{TaskError, TaskResult};
+
 /// Turns a record into bytes (one line, newline included) for text sinks.
 pub type Encoder<T> = Arc<dyn Fn(&T, &mut Vec<u8>) + Send + Sync>;
+
+/// Serializes source splits with their positions (a source's state).
+fn encode_splits<S: serde::Serialize>(splits: &[S]) -> TaskResult<Vec<Vec<u8>>> {
+    splits
+        .iter()
+        .map(|s| postcard::to_stdvec(s).map_err(TaskError::msg))
+        .collect()
+}
+
+/// Restores source splits; `what` names the source in the error.
+fn decode_splits<S: serde::de::DeserializeOwned>(
+    what: &str,
+    splits: &[Vec<u8>],
+) -> TaskResult<Vec<S>> {
+    splits
+        .iter()
+        .map(|b| postcard::from_bytes::<S>(b))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TaskError::msg(format!("corrupt {what} position in checkpoint: {e}")))
+}

@@ -55,11 +55,7 @@ impl<T: Send + 'static> Source<T> for SequenceSource<T> {
         _subtask: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<T>>> {
-        let splits = splits
-            .iter()
-            .map(|b| postcard::from_bytes::<Split>(b))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| TaskError::msg(format!("corrupt sequence position in checkpoint: {e}")))?;
+        let splits: Vec<Split> = super::decode_splits("sequence", &splits)?;
         // The rate is for the whole source; each reader gets its splits' share.
         let share: f64 = splits.iter().map(|s| 1.0 / s.of.max(1) as f64).sum();
         Ok(Box::new(SequenceReader {
@@ -81,9 +77,6 @@ struct SequenceReader<T> {
     emitted: u64,
 }
 
-/// Longest a throttled source sleeps in one poll (keeps the mailbox responsive).
-const THROTTLE_SLEEP_MAX: Duration = Duration::from_millis(5);
-
 impl<T: Send> SourceReader<T> for SequenceReader<T> {
     fn poll(&mut self, out: &mut Vec<T>, max: usize) -> TaskResult<SourceStatus> {
         let Some(split) = self.splits.iter_mut().find(|s| s.next < s.end) else {
@@ -95,8 +88,8 @@ impl<T: Send> SourceReader<T> for SequenceReader<T> {
             let allowed = (self.started.elapsed().as_secs_f64() * rate) as u64;
             let budget = allowed.saturating_sub(self.emitted);
             if budget == 0 {
-                std::thread::sleep(Duration::from_secs_f64(1.0 / rate).min(THROTTLE_SLEEP_MAX));
-                return Ok(SourceStatus::More);
+                let next_due = Duration::from_secs_f64((self.emitted + 1) as f64 / rate);
+                return Ok(SourceStatus::IdleUntil(self.started + next_due));
             }
             n = n.min(budget);
         }
@@ -109,9 +102,6 @@ impl<T: Send> SourceReader<T> for SequenceReader<T> {
     }
 
     fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
-        self.splits
-            .iter()
-            .map(|s| postcard::to_stdvec(s).map_err(TaskError::msg))
-            .collect()
+        super::encode_splits(&self.splits)
     }
 }

@@ -397,6 +397,9 @@ impl<T: Clone + Send + Serialize + 'static> Chain<T> for RecordWriter<T> {
 pub enum SourceStatus {
     /// More records may follow.
     More,
+    /// Nothing to read before this instant (a throttled source): the task serves its mailbox
+    /// meanwhile instead of polling again.
+    IdleUntil(std::time::Instant),
     /// Every assigned split is read to its end.
     Exhausted,
 }

@@ -72,7 +72,6 @@ struct Pending {
     /// Switch to unaligned at this instant (aligned-with-timeout).
     deadline: Option<Instant>,
     seen: Vec<bool>,
-    seen_count: usize,
     /// The snapshot was taken unaligned; waiting for the channel state.
     unaligned: bool,
     /// Per channel: number of batches sent before the barrier, once known.
@@ -317,7 +316,6 @@ impl InputGate {
             started: now,
             deadline,
             seen: vec![false; channels],
-            seen_count: 0,
             unaligned: false,
             batches_before: vec![None; channels],
             recorded: vec![Vec::new(); channels],
@@ -345,7 +343,6 @@ impl InputGate {
         };
         if !p.seen[channel] {
             p.seen[channel] = true;
-            p.seen_count += 1;
             // In band: every batch before the barrier was processed already.
             p.batches_before[channel] = Some(processed);
             if self.mode == AlignmentMode::Aligned && !p.unaligned {
@@ -381,7 +378,6 @@ impl InputGate {
         if let Some(p) = self.pending.as_mut() {
             if !p.seen[channel] {
                 p.seen[channel] = true;
-                p.seen_count += 1;
                 p.batches_before[channel] = Some(batches_before);
             }
         }

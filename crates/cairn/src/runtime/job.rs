@@ -687,7 +687,6 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
             restored_channels,
             held: None,
             inbox: Default::default(),
-            gate_channels: channel_ports[task].len(),
             gate: (!v.is_source).then(|| InputGate::new(channel_ports[task].len(), mode)),
             channel_ports: std::mem::take(&mut channel_ports[task]),
             credits: std::mem::take(&mut channel_credits[task]),

@@ -161,8 +161,6 @@ pub struct TaskRuntime {
     pub metrics: Arc<JobMetrics>,
     /// Whether checkpointing is on.
     pub checkpointing: bool,
-    /// Number of input channels (0 for sources).
-    pub gate_channels: usize,
 }
 
 impl TaskRuntime {
@@ -216,7 +214,7 @@ impl TaskRuntime {
             snapshots,
             stats,
         };
-        if unaligned && self.gate_channels > 0 {
+        if unaligned && !self.channel_ports.is_empty() {
             // The upload waits for the in-flight data (GateAction::ChannelState).
             self.held = Some(job);
             return Ok(());
@@ -236,7 +234,7 @@ impl TaskRuntime {
         };
         if !channels.is_empty() {
             let data = ChannelStateData {
-                channels_total: self.gate_channels as u32,
+                channels_total: self.channel_ports.len() as u32,
                 channels: channels.into_iter().map(|(c, b)| (c as u32, b)).collect(),
             };
             match job.snapshots.iter_mut().find(|s| s.uid() == self.head_uid) {
@@ -328,10 +326,21 @@ impl TaskRuntime {
 
     fn run_source(&mut self) -> TaskResult {
         let mut exhausted = false;
+        let mut idle_until: Option<Instant> = None;
         loop {
             let mail = if exhausted {
                 self.body.flush()?;
                 Some(self.mailbox.recv().map_err(|_| TaskError::Cancelled)?)
+            } else if let Some(until) = idle_until.take() {
+                // A throttled source has nothing yet: wait for mail, at most until it has.
+                self.body.flush()?;
+                match self.mailbox.recv_deadline(until) {
+                    Ok(m) => Some(m),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        return Err(TaskError::Cancelled)
+                    }
+                }
             } else {
                 match self.mailbox.try_recv() {
                     Ok(m) => Some(m),
@@ -348,6 +357,9 @@ impl TaskRuntime {
             let (n, status) = self.body.poll_source()?;
             self.metrics.records.fetch_add(n as u64, Ordering::Relaxed);
             self.inject()?;
+            if let SourceStatus::IdleUntil(until) = status {
+                idle_until = Some(until);
+            }
             if status == SourceStatus::Exhausted {
                 exhausted = true;
                 self.body.flush()?;
@@ -720,15 +732,63 @@ mod tests {
         }
     }
 
+    /// A one-input subtask over `channels` input channels of port 0, with the senders of its
+    /// mailbox and priority mailbox (kept alive by the caller).
+    fn operator_task(
+        chain: Box<dyn Chain<u32>>,
+        channels: usize,
+        restored: ChannelStateData,
+    ) -> (TaskRuntime, Sender<Mail>, Sender<Mail>) {
+        let (mail_tx, mailbox) = crossbeam_channel::unbounded();
+        let (prio_tx, priority) = crossbeam_channel::unbounded();
+        // The receiving ends are dropped: reports of these tests go nowhere.
+        let (events, _) = crossbeam_channel::unbounded();
+        let (uploader, _) = crossbeam_channel::unbounded();
+        let rt = TaskRuntime {
+            index: 0,
+            vertex: 0,
+            name: "test".into(),
+            head_uid: "op".into(),
+            subtask: 0,
+            attempt: 0,
+            body: Box::new(OneInputBody::new(chain)),
+            mailbox,
+            priority,
+            aligned_timeout: None,
+            restored_channels: Some(restored),
+            held: None,
+            inbox: Default::default(),
+            gate: Some(InputGate::new(
+                channels,
+                crate::runtime::gate::AlignmentMode::Aligned,
+            )),
+            channel_ports: vec![0; channels],
+            credits: (0..channels)
+                .map(|_| crate::runtime::channel::Credit::new(8) as Arc<dyn CreditReturn>)
+                .collect(),
+            events,
+            uploader,
+            injector: None,
+            metrics: Arc::default(),
+            checkpointing: true,
+        };
+        (rt, mail_tx, prio_tx)
+    }
+
     #[test]
     fn restored_channel_state_is_replayed_before_new_input() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let chain: Box<dyn Chain<u32>> =
             Box::new(Link::new(Record(seen.clone()), Box::new(NullChain)));
-        let (mail_tx, mailbox) = crossbeam_channel::unbounded();
-        let (_prio_tx, priority) = crossbeam_channel::unbounded();
-        let (events, _events_rx) = crossbeam_channel::unbounded();
-        let (uploader, _uploads) = crossbeam_channel::unbounded();
+        let enc = |v: Vec<u32>| postcard::to_stdvec(&v).unwrap();
+        let restored = ChannelStateData {
+            channels_total: 2,
+            channels: vec![
+                (0, vec![enc(vec![1, 2]), enc(vec![3])]),
+                (1, vec![enc(vec![4])]),
+            ],
+        };
+        let (rt, mail_tx, _prio_tx) = operator_task(chain, 2, restored);
         // New input is already waiting when the task starts.
         mail_tx
             .send(Mail::Data {
@@ -744,84 +804,17 @@ mod tests {
                 })
                 .unwrap();
         }
-        let enc = |v: Vec<u32>| postcard::to_stdvec(&v).unwrap();
-        let rt = TaskRuntime {
-            index: 0,
-            vertex: 0,
-            name: "test".into(),
-            head_uid: "op".into(),
-            subtask: 0,
-            attempt: 0,
-            body: Box::new(OneInputBody::new(chain)),
-            mailbox,
-            priority,
-            aligned_timeout: None,
-            restored_channels: Some(ChannelStateData {
-                channels_total: 2,
-                channels: vec![
-                    (0, vec![enc(vec![1, 2]), enc(vec![3])]),
-                    (1, vec![enc(vec![4])]),
-                ],
-            }),
-            held: None,
-            inbox: Default::default(),
-            gate: Some(InputGate::new(
-                2,
-                crate::runtime::gate::AlignmentMode::Aligned,
-            )),
-            channel_ports: vec![0, 0],
-            credits: vec![
-                crate::runtime::channel::Credit::new(8) as Arc<dyn CreditReturn>,
-                crate::runtime::channel::Credit::new(8),
-            ],
-            events,
-            uploader,
-            injector: None,
-            metrics: Arc::default(),
-            checkpointing: true,
-            gate_channels: 2,
-        };
         rt.run().unwrap();
         assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3, 4, 100]);
     }
 
     #[test]
     fn channel_state_of_another_layout_is_refused() {
-        let chain: Box<dyn Chain<u32>> = Box::new(NullChain);
-        let (_mail_tx, mailbox) = crossbeam_channel::unbounded();
-        let (_prio_tx, priority) = crossbeam_channel::unbounded();
-        let (events, _e) = crossbeam_channel::unbounded();
-        let (uploader, _u) = crossbeam_channel::unbounded();
-        let rt = TaskRuntime {
-            index: 0,
-            vertex: 0,
-            name: "test".into(),
-            head_uid: "op".into(),
-            subtask: 0,
-            attempt: 0,
-            body: Box::new(OneInputBody::new(chain)),
-            mailbox,
-            priority,
-            aligned_timeout: None,
-            restored_channels: Some(ChannelStateData {
-                channels_total: 3,
-                channels: vec![],
-            }),
-            held: None,
-            inbox: Default::default(),
-            gate: Some(InputGate::new(
-                1,
-                crate::runtime::gate::AlignmentMode::Aligned,
-            )),
-            channel_ports: vec![0],
-            credits: vec![crate::runtime::channel::Credit::new(8) as Arc<dyn CreditReturn>],
-            events,
-            uploader,
-            injector: None,
-            metrics: Arc::default(),
-            checkpointing: true,
-            gate_channels: 1,
+        let restored = ChannelStateData {
+            channels_total: 3,
+            channels: vec![],
         };
+        let (rt, _mail_tx, _prio_tx) = operator_task(Box::new(NullChain), 1, restored);
         let err = rt.run().unwrap_err().to_string();
         assert!(err.contains("changed parallelism"), "{err}");
     }
