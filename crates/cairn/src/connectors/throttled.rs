@@ -51,6 +51,8 @@ impl<T: Send> SinkWriter<T> for ThrottledWriter<T> {
         }
         self.next_free += Duration::from_secs_f64(self.seconds_per_record * batch.len() as f64);
         self.inner.write(batch)?;
+        // The wait stands for a blocking call into a slow external system — the very thing that
+        // makes backpressure in the `backpressure` job; it is not part of the engine's data path.
         let wait = self.next_free.saturating_duration_since(Instant::now());
         if !wait.is_zero() {
             std::thread::sleep(wait);
