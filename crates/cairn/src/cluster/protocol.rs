@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::TaskAck;
+use crate::checkpoint::{DeclineCause, TaskAck};
 use crate::runtime::channel::{ControlMail, DataFrame};
 
 /// Worker → coordinator.
@@ -50,7 +50,7 @@ pub enum WireEvent {
         /// Attempt.
         attempt: u32,
         /// Why.
-        reason: String,
+        cause: DeclineCause,
     },
     /// A source read all its splits.
     SourceExhausted {

@@ -432,11 +432,11 @@ fn deploy_attempt(
                     JobEvent::Decline {
                         checkpoint_id,
                         attempt,
-                        reason,
+                        cause,
                     } => WireEvent::Decline {
                         checkpoint_id,
                         attempt,
-                        reason,
+                        cause,
                     },
                     JobEvent::SourceExhausted { attempt, task } => {
                         WireEvent::SourceExhausted { attempt, task }

@@ -16,7 +16,7 @@ use super::channel::{Barrier, BarrierKind, CreditReturn, Element, Mail};
 use super::gate::{GateAction, InputGate};
 use super::inject::FailureInjector;
 use crate::checkpoint::restore::TaskStateFile;
-use crate::checkpoint::{now_ms, TaskAck, TaskCheckpointStats};
+use crate::checkpoint::{now_ms, DeclineCause, TaskAck, TaskCheckpointStats};
 use crate::error::{TaskError, TaskResult};
 use crate::state::{ChannelStateData, OperatorSnapshot};
 use crate::storage::format::{encode, FileKind};
@@ -35,7 +35,7 @@ pub enum JobEvent {
     Decline {
         checkpoint_id: u64,
         attempt: u32,
-        reason: String,
+        cause: DeclineCause,
     },
     /// A source subtask read all its splits.
     SourceExhausted { attempt: u32, task: usize },
@@ -104,10 +104,10 @@ pub fn run_uploader(
             Err(e) => JobEvent::Decline {
                 checkpoint_id: id,
                 attempt: job.attempt,
-                reason: format!(
+                cause: DeclineCause::Failed(format!(
                     "subtask '{}' could not persist its state: {e}",
                     job.stats.task
-                ),
+                )),
             },
         };
         if events.send(event).is_err() {
@@ -290,10 +290,7 @@ impl TaskRuntime {
                 let _ = self.events.send(JobEvent::Decline {
                     checkpoint_id: id,
                     attempt: self.attempt,
-                    reason: format!(
-                        "subtask '{}' #{} saw a newer barrier while aligning",
-                        self.name, self.subtask
-                    ),
+                    cause: DeclineCause::Subsumed,
                 });
                 Ok(())
             }
