@@ -20,9 +20,8 @@
 //! change of the program) and a parallelism (default: the job's `parallelism.default`).
 //! Operators connected forward with equal parallelism are chained into one task at run time.
 
-pub mod functions;
+pub use crate::runtime::functions;
 
-use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::marker::PhantomData;
@@ -40,150 +39,23 @@ use crate::runtime::chain::{
     Chain, EdgeWriter, Link, NullChain, OneInputBody, Operator, Partitioner, RecordWriter, Source,
     SourceBody, TaskBody, TwoInputBody,
 };
-use crate::runtime::channel::ChannelSender;
+use crate::runtime::graph::{
+    AnyBox, HeadFn, LinkFn, SinkInitFn, SourceFn, SplitsFn, TwoInputFn, WriterFn,
+};
+pub use crate::runtime::graph::{
+    EdgeOutput, EdgePartition, EdgeSpec, JobGraph, NodeKind, NodeSpec, SubtaskInit,
+};
 use crate::runtime::operators::{
     CoProcessOp, FilterOp, FlatMapOp, IdentityOp, KeyedCoProcessOp, KeyedProcessOp, MapOp, Sink,
     SinkContext, SinkOp,
 };
 use crate::state::keygroup::stable_hash;
-use crate::state::{Key, KeyedContext, RestoredState};
+use crate::state::{Key, KeyedContext};
 
 /// A record type: cloneable (broadcast, several consumers), sendable between threads and
 /// serializable (between processes).
 pub trait Data: Clone + Send + Serialize + DeserializeOwned + 'static {}
 impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> Data for T {}
-
-/// What one subtask of an operator is built with.
-pub struct SubtaskInit {
-    /// Operator uid.
-    pub uid: String,
-    /// Subtask index.
-    pub subtask: u32,
-    /// Operator parallelism.
-    pub parallelism: u32,
-    /// Number of key groups.
-    pub max_parallelism: u32,
-    /// Whether checkpointing is on.
-    pub checkpointing: bool,
-    /// The operator's state from the restored checkpoint (empty on a fresh start).
-    pub restored: RestoredState,
-}
-
-impl SubtaskInit {
-    fn keyed_context<K: Key>(&mut self) -> KeyedContext<K> {
-        KeyedContext::new(
-            self.subtask,
-            self.parallelism,
-            self.max_parallelism,
-            std::mem::take(&mut self.restored.keyed),
-        )
-    }
-}
-
-/// How an edge spreads records over the downstream subtasks.
-#[derive(Clone)]
-pub enum EdgePartition {
-    /// Forward when the parallelism is equal, rebalance otherwise (Flink's default).
-    Default,
-    /// Round robin.
-    Rebalance,
-    /// Every record to every subtask.
-    Broadcast,
-    /// By key group; holds an `Arc<dyn Fn(&T) -> u64>` of the upstream record type.
-    Hash(Arc<dyn Any + Send + Sync>),
-}
-
-impl EdgePartition {
-    /// A short name for plans and logs.
-    pub fn name(&self) -> &'static str {
-        match self {
-            EdgePartition::Default => "forward",
-            EdgePartition::Rebalance => "rebalance",
-            EdgePartition::Broadcast => "broadcast",
-            EdgePartition::Hash(_) => "hash",
-        }
-    }
-}
-
-/// An edge of the job graph.
-#[derive(Clone)]
-pub struct EdgeSpec {
-    /// Upstream node.
-    pub from: usize,
-    /// Downstream node.
-    pub to: usize,
-    /// Input port of the downstream node (0, or 1 for the second input of a two-input node).
-    pub port: usize,
-    /// Partitioning.
-    pub partition: EdgePartition,
-}
-
-/// The outgoing channels of one edge for one subtask, resolved at deployment.
-pub struct EdgeOutput {
-    /// How to partition.
-    pub partition: EdgePartition,
-    /// Whether the edge is point-to-point (forward).
-    pub forward: bool,
-    /// One sender per reachable downstream subtask.
-    pub senders: Vec<ChannelSender>,
-    /// Number of key groups.
-    pub max_parallelism: u32,
-}
-
-type AnyBox = Box<dyn Any>;
-type SplitsFn = Arc<dyn Fn(u32) -> TaskResult<Vec<Vec<u8>>> + Send + Sync>;
-type SourceFn = Arc<
-    dyn Fn(&mut SubtaskInit, Vec<Vec<u8>>, AnyBox) -> TaskResult<Box<dyn TaskBody>> + Send + Sync,
->;
-type LinkFn = Arc<dyn Fn(&mut SubtaskInit, AnyBox) -> TaskResult<AnyBox> + Send + Sync>;
-type HeadFn = Arc<dyn Fn(AnyBox) -> TaskResult<Box<dyn TaskBody>> + Send + Sync>;
-type TwoInputFn =
-    Arc<dyn Fn(&mut SubtaskInit, AnyBox) -> TaskResult<Box<dyn TaskBody>> + Send + Sync>;
-type WriterFn = Arc<dyn Fn(Vec<EdgeOutput>) -> TaskResult<AnyBox> + Send + Sync>;
-type SinkInitFn = Arc<dyn Fn(Option<Vec<Vec<u8>>>) -> TaskResult + Send + Sync>;
-
-/// How a node's subtasks are built.
-#[derive(Clone)]
-pub enum NodeKind {
-    /// A source.
-    Source {
-        /// Initial splits of a fresh start.
-        splits: SplitsFn,
-        /// Builds the source task body in front of the rest of the chain.
-        body: SourceFn,
-    },
-    /// A one-input operator (also sinks and union heads).
-    OneInput {
-        /// Builds `Link<I, O>` in front of a `Box<dyn Chain<O>>`, returning a `Box<dyn Chain<I>>`.
-        link: LinkFn,
-        /// Wraps a `Box<dyn Chain<I>>` into the task body, when this node heads a task.
-        head: HeadFn,
-    },
-    /// A two-input operator (always heads its task).
-    TwoInput {
-        /// Builds the task body in front of a `Box<dyn Chain<O>>`.
-        body: TwoInputFn,
-    },
-}
-
-/// A node of the job graph: one operator.
-#[derive(Clone)]
-pub struct NodeSpec {
-    /// Index in the graph.
-    pub id: usize,
-    /// Stable uid: state is matched to operators by it.
-    pub uid: String,
-    /// Display name.
-    pub name: String,
-    /// Parallelism, if set on the operator.
-    pub parallelism: Option<u32>,
-    /// How to build it.
-    pub kind: NodeKind,
-    /// Builds the chain end for the node's output type: a record writer, or a null chain.
-    pub writer: WriterFn,
-    /// For sinks: the once-per-attempt commit of restored transactions.
-    pub sink_init: Option<SinkInitFn>,
-}
 
 #[derive(Default)]
 struct GraphBuilder {
@@ -195,29 +67,6 @@ struct GraphBuilder {
 #[derive(Clone, Default)]
 pub struct StreamEnv {
     graph: Rc<RefCell<GraphBuilder>>,
-}
-
-/// A validated job graph, ready to run.
-#[derive(Clone)]
-pub struct JobGraph {
-    name: String,
-    nodes: Vec<NodeSpec>,
-    edges: Vec<EdgeSpec>,
-}
-
-impl JobGraph {
-    /// The job's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-    /// The operators.
-    pub fn nodes(&self) -> &[NodeSpec] {
-        &self.nodes
-    }
-    /// The edges.
-    pub fn edges(&self) -> &[EdgeSpec] {
-        &self.edges
-    }
 }
 
 fn writer_fn<T: Data>() -> WriterFn {
@@ -344,11 +193,11 @@ impl StreamEnv {
                 ));
             }
         }
-        Ok(JobGraph {
-            name: name.to_string(),
-            nodes: g.nodes.clone(),
-            edges: g.edges.clone(),
-        })
+        Ok(JobGraph::new(
+            name.to_string(),
+            g.nodes.clone(),
+            g.edges.clone(),
+        ))
     }
 }
 

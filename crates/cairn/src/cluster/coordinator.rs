@@ -282,14 +282,18 @@ fn notify_jobs_of_lost_worker(inner: &Inner, worker: u32, reason: &str) {
                 .filter(|(_, ws)| ws.contains(&worker))
                 .map(|(a, _)| *a)
                 .collect();
-            for attempt in lost {
-                entry.attempts.remove(&attempt);
-                if let Some(events) = &entry.events {
-                    let _ = events.send(JobEvent::Lost {
-                        attempt,
-                        reason: format!("worker {worker} lost: {reason}"),
-                    });
-                }
+            if lost.is_empty() {
+                continue;
+            }
+            for attempt in &lost {
+                entry.attempts.remove(attempt);
+            }
+            if let Some(events) = &entry.events {
+                // One event for every attempt the worker hosted: one failure, not one per region.
+                let _ = events.send(JobEvent::Lost {
+                    attempts: lost,
+                    reason: format!("worker {worker} lost: {reason}"),
+                });
             }
         }
         inner.jobs_changed.notify_all();

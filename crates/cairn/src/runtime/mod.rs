@@ -4,10 +4,15 @@
 
 pub mod chain;
 pub mod channel;
+pub mod deploy;
+pub mod functions;
 pub mod gate;
+pub mod graph;
 pub mod inject;
 pub mod job;
+pub mod master;
 pub mod operators;
+pub mod plan;
 pub mod restart;
 pub mod status;
 pub mod task;

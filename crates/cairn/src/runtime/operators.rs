@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 
-use crate::api::functions::{
+use super::functions::{
     CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction,
 };
 use crate::error::TaskResult;

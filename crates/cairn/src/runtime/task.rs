@@ -45,8 +45,9 @@ pub enum JobEvent {
         task: usize,
         result: TaskResult,
     },
-    /// Subtasks of the attempt were lost (their worker died).
-    Lost { attempt: u32, reason: String },
+    /// Subtasks of these attempts were lost (their worker died): one failure, however many
+    /// attempts (regions) it takes down.
+    Lost { attempts: Vec<u32>, reason: String },
 }
 
 /// Counters the progress line and the summary read.

@@ -1,0 +1,179 @@
+//! The job master's failure handling: a restart's backoff is a deadline of the master's loop,
+//! never a sleep (defect: cancellation waited behind it), and one lost worker is one failure
+//! however many regions it hosted (defect: one failure per region).
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cairn::config::JobConfig;
+use cairn::error::TaskError;
+use cairn::jobs::{pipelines, wordcount};
+use cairn::runtime::job::{DeployRequest, Deployed, Executor, LocalExecutor};
+use cairn::runtime::task::JobEvent;
+use cairn::runtime::{
+    run_job_with, InjectSpec, JobError, JobState, JobStatus, JobSummary, RunOptions,
+};
+
+/// Generous: the backoffs these tests configure are an hour long.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn config(pairs: &[(&str, &str)]) -> JobConfig {
+    let mut c = JobConfig::default();
+    for (k, v) in pairs {
+        c.set(k, v).unwrap_or_else(|e| panic!("{k}: {e}"));
+    }
+    c
+}
+
+/// Runs the job on its own thread: the master's result arrives on the returned channel.
+fn spawn_run(
+    graph: cairn::api::JobGraph,
+    opts: RunOptions,
+    mut executor: impl Executor + 'static,
+) -> mpsc::Receiver<Result<JobSummary, JobError>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(run_job_with(&graph, opts, &mut executor));
+    });
+    rx
+}
+
+fn wait_for_state(status: &JobStatus, state: JobState) {
+    let until = Instant::now() + DEADLINE;
+    while status.view().state != state {
+        assert!(
+            Instant::now() < until,
+            "the job never reached {state:?}: {:?}",
+            status.view().state
+        );
+        std::thread::yield_now();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_cancel_during_the_restart_backoff_is_handled_at_once() {
+    let graph = wordcount::build(
+        &wordcount::WordInput::Generate {
+            count: 2_000_000,
+            keys: 100,
+        },
+        &wordcount::WordOutput::Discard,
+    )
+    .unwrap();
+    let config = config(&[
+        ("parallelism.default", "2"),
+        ("execution.checkpointing.interval", "100ms"),
+        ("restart-strategy.type", "fixed-delay"),
+        ("restart-strategy.fixed-delay.attempts", "3"),
+        ("restart-strategy.fixed-delay.delay", "1h"),
+    ]);
+    let status = JobStatus::new("job".into(), "wordcount".into(), Vec::new());
+    let opts = RunOptions {
+        config,
+        inject: Some(InjectSpec {
+            count: 1,
+            seed: 7,
+            expected_records: 100_000,
+        }),
+        status: Some(status.clone()),
+        ..RunOptions::default()
+    };
+    let result = spawn_run(graph, opts, LocalExecutor);
+    wait_for_state(&status, JobState::Restarting);
+    status.request_cancel();
+    // With the backoff slept on the master thread, the cancel would wait an hour.
+    let outcome = result
+        .recv_timeout(DEADLINE)
+        .expect("the job master must handle a cancel while a restart waits for its backoff");
+    assert!(
+        matches!(outcome, Err(JobError::Canceled)),
+        "expected a cancelled job, got {outcome:?}"
+    );
+    assert_eq!(status.view().state, JobState::Canceled);
+}
+
+/// Deploys locally and, once both regions of the first deployment run, reports that the worker
+/// hosting all of them was lost — as the cluster coordinator does for a dead worker.
+struct LosesAWorker {
+    inner: LocalExecutor,
+    deployed: Vec<u32>,
+    lost: bool,
+}
+
+impl Executor for LosesAWorker {
+    fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError> {
+        let d = self.inner.deploy(req)?;
+        self.deployed.push(req.attempt);
+        if !self.lost && self.deployed.len() == 2 {
+            self.lost = true;
+            let _ = req.events.send(JobEvent::Lost {
+                attempts: self.deployed.clone(),
+                reason: "worker 1 lost: simulated".into(),
+            });
+        }
+        Ok(d)
+    }
+}
+
+#[test]
+fn a_lost_worker_hosting_two_regions_is_one_failure() {
+    let graph = pipelines::build(20_000, 50, &wordcount::WordOutput::Discard).unwrap();
+    // One restart allowed: counting the lost worker once per region would exceed it.
+    let config = config(&[
+        ("parallelism.default", "2"),
+        ("execution.checkpointing.interval", "50ms"),
+        ("jobmanager.execution.failover-strategy", "region"),
+        ("restart-strategy.type", "fixed-delay"),
+        ("restart-strategy.fixed-delay.attempts", "1"),
+        ("restart-strategy.fixed-delay.delay", "10ms"),
+    ]);
+    let opts = RunOptions {
+        config,
+        ..RunOptions::default()
+    };
+    let executor = LosesAWorker {
+        inner: LocalExecutor,
+        deployed: Vec::new(),
+        lost: false,
+    };
+    let outcome = spawn_run(graph, opts, executor)
+        .recv_timeout(DEADLINE)
+        .expect("the job must end");
+    let summary = outcome.unwrap_or_else(|e| panic!("the job must survive one lost worker: {e}"));
+    assert_eq!(summary.restarts, 1, "one lost worker is one failure");
+}
+
+#[test]
+fn failures_beyond_the_restart_budget_end_the_job_without_waiting() {
+    let graph = wordcount::build(
+        &wordcount::WordInput::Generate {
+            count: 2_000_000,
+            keys: 100,
+        },
+        &wordcount::WordOutput::Discard,
+    )
+    .unwrap();
+    let config = config(&[
+        ("execution.checkpointing.interval", "100ms"),
+        ("restart-strategy.type", "fixed-delay"),
+        ("restart-strategy.fixed-delay.attempts", "1"),
+        ("restart-strategy.fixed-delay.delay", "10ms"),
+    ]);
+    let opts = RunOptions {
+        config,
+        inject: Some(InjectSpec {
+            count: 2,
+            seed: 3,
+            expected_records: 100_000,
+        }),
+        ..RunOptions::default()
+    };
+    let outcome = spawn_run(graph, opts, LocalExecutor)
+        .recv_timeout(DEADLINE)
+        .expect("the job must end");
+    match outcome {
+        Err(JobError::Failed { restarts, .. }) => assert_eq!(restarts, 1),
+        other => panic!("expected the restart strategy to give up, got {other:?}"),
+    }
+}
