@@ -357,6 +357,7 @@ impl CheckpointCoordinator {
             let id = p.barrier.id;
             match self.finalize(p) {
                 Ok(meta) => {
+                    crate::failpoint::hit("checkpoint-completed", id);
                     self.consecutive_failures = 0;
                     self.last_completion = Some(Instant::now());
                     for t in &self.tasks {
