@@ -182,7 +182,10 @@ fn checkpoint_progress(ck: &Path) -> Option<(u64, u64)> {
         for e in std::fs::read_dir(&job).unwrap() {
             let e = e.unwrap();
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse::<u64>().ok()) else {
+            let Some(id) = name
+                .strip_prefix("chk-")
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
                 continue;
             };
             highest = highest.max(id);
@@ -276,8 +279,14 @@ fn kill_at_failpoints_and_resume(seed: u64, parallelism: u32, extra: &[&str]) ->
             newest,
             "seed {seed}: run {run} did not restore the newest completed checkpoint: {stderr}"
         );
-        assert_eq!(name, point, "seed {seed}: run {run} stopped at another point");
-        assert!(id >= at, "seed {seed}: {point} fired at {id}, armed for {at}");
+        assert_eq!(
+            name, point,
+            "seed {seed}: run {run} stopped at another point"
+        );
+        assert!(
+            id >= at,
+            "seed {seed}: {point} fired at {id}, armed for {at}"
+        );
         let now = checkpoint_progress(&ck).map(|(id, _)| id);
         let completed = now.unwrap_or(0);
         match point {
@@ -286,17 +295,25 @@ fn kill_at_failpoints_and_resume(seed: u64, parallelism: u32, extra: &[&str]) ->
             // The sink learnt that the checkpoint completed; a newer one may have too.
             "sink-committing" => assert!(completed >= id, "seed {seed}: {point} {id}"),
             // A subtask never acknowledged: the checkpoint cannot have completed.
-            _ => assert!(completed < id, "seed {seed}: {point} {id}: {completed} completed"),
+            _ => assert!(
+                completed < id,
+                "seed {seed}: {point} {id}: {completed} completed"
+            ),
         }
-        assert!(now >= newest, "seed {seed}: completed checkpoints went back");
+        assert!(
+            now >= newest,
+            "seed {seed}: completed checkpoints went back"
+        );
         newest = now;
         kills.push(format!("{point} at {id}"));
     }
-    let out = run_ok(
-        wordcount_run(parallelism, &out_dir, &ck, extra).stderr(Stdio::piped()),
-    );
+    let out = run_ok(wordcount_run(parallelism, &out_dir, &ck, extra).stderr(Stdio::piped()));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(restored_checkpoint(&stderr), newest, "seed {seed}: {stderr}");
+    assert_eq!(
+        restored_checkpoint(&stderr),
+        newest,
+        "seed {seed}: {stderr}"
+    );
     let id = newest.expect("a checkpoint completed before the last kill");
     assert!(
         stderr

@@ -108,7 +108,10 @@ pub fn hit(name: &'static str, id: u64) {
     else {
         return;
     };
-    eprintln!("failpoint {} reached at checkpoint {id}: pausing", point.name);
+    eprintln!(
+        "failpoint {} reached at checkpoint {id}: pausing",
+        point.name
+    );
     if let Ok(path) = std::env::var(ENV_MARKER) {
         let written = std::fs::OpenOptions::new()
             .create(true)
@@ -146,6 +149,9 @@ mod tests {
         let e = parse("upload").err().unwrap();
         assert!(e.contains("'upload' is not NAME=CHECKPOINT_ID"), "{e}");
         let e = parse("upload=x").err().unwrap();
-        assert!(e.contains("'x' in 'upload=x' is not a checkpoint id"), "{e}");
+        assert!(
+            e.contains("'x' in 'upload=x' is not a checkpoint id"),
+            "{e}"
+        );
     }
 }
