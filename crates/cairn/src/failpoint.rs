@@ -5,7 +5,7 @@
 //! `CAIRN_FAILPOINTS` is set when the process starts. It holds a comma-separated list of
 //! `NAME=ID`: the first time point `NAME` is reached for a checkpoint id `>= ID`, the process
 //! writes the line `NAME ACTUAL_ID` to the file named by `CAIRN_FAILPOINT_MARKER` (created and
-//! fsynced; also said on stderr) and the thread that reached the point parks forever. Other
+//! fsynced; also logged as a warning) and the thread that reached the point parks forever. Other
 //! threads go on (or block behind it naturally), and later arrivals at a point that already
 //! fired pass through. A test waits for the marker, kills the process with SIGKILL and knows
 //! where the kill landed. "At least ID" rather than "exactly ID" because a checkpoint can be
@@ -102,16 +102,14 @@ pub fn hit(name: &'static str, id: u64) {
         return;
     }
     debug_assert!(POINTS.contains(&name), "failpoint {name} is not in POINTS");
-    let Some(point) = armed
+    // Only the first arrival at a matching point stops; `swap` makes that race-free.
+    let fires = armed
         .iter()
-        .find(|p| p.name == name && id >= p.min_id && !p.fired.swap(true, Ordering::AcqRel))
-    else {
+        .any(|p| p.name == name && id >= p.min_id && !p.fired.swap(true, Ordering::AcqRel));
+    if !fires {
         return;
-    };
-    eprintln!(
-        "failpoint {} reached at checkpoint {id}: pausing",
-        point.name
-    );
+    }
+    tracing::warn!("failpoint {name} reached at checkpoint {id}: pausing this thread");
     if let Ok(path) = std::env::var(ENV_MARKER) {
         let written = std::fs::OpenOptions::new()
             .create(true)
