@@ -720,10 +720,13 @@ fn a_silent_worker_is_declared_dead_by_its_missing_heartbeats() {
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
     // Declared dead by the heartbeat monitor, not for another reason: it measured at least the
     // timeout of silence.
-    let secs: f64 = silent
-        .strip_suffix('s')
-        .and_then(|d| d.parse().ok())
-        .unwrap_or_else(|| panic!("silence {silent:?} is not in seconds"));
+    let secs = [("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9), ("s", 1.0)]
+        .iter()
+        .find_map(|(unit, scale)| {
+            let n: f64 = silent.strip_suffix(unit)?.parse().ok()?;
+            Some(n * scale)
+        })
+        .unwrap_or_else(|| panic!("silence {silent:?} is not a duration"));
     assert!(secs >= 1.0, "declared dead after {silent} of silence");
 }
 
