@@ -83,6 +83,10 @@ fn one_line(e: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log.as_deref());
+    if let Err(e) = cairn::failpoint::validate_env() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Checkpoints(args) => checkpoints::run(args),

@@ -114,3 +114,40 @@ pub fn assert_no_leftovers(dir: &Path) {
         );
     }
 }
+
+/// The failpoints of `cairn::failpoint` a kill test can stop a process at.
+pub const FAILPOINTS: [&str; 4] = [
+    "checkpoint-completed",
+    "upload",
+    "sink-pre-committed",
+    "sink-committing",
+];
+
+/// The `NAME ID` line a process wrote to its `CAIRN_FAILPOINT_MARKER` file when it reached a
+/// failpoint; None until the whole line is there.
+pub fn read_marker(path: &Path) -> Option<(String, u64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.strip_suffix('\n')?;
+    let (name, id) = line.split_once(' ')?;
+    Some((name.to_string(), id.parse().ok()?))
+}
+
+/// A small xorshift generator: tests choose their failpoints and offsets from a seed.
+pub fn seeded(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// The failpoints in an order chosen by `next` (every point once).
+pub fn shuffled_failpoints(next: &mut impl FnMut() -> u64) -> Vec<&'static str> {
+    let mut points = FAILPOINTS.to_vec();
+    for i in (1..points.len()).rev() {
+        points.swap(i, (next() % (i as u64 + 1)) as usize);
+    }
+    points
+}

@@ -1,8 +1,11 @@
 //! Exactly-once end to end: wordcount at parallelism 4 with injected failures, and as a child
-//! process killed with SIGKILL at random moments and resumed with `--from latest`.
+//! process stopped at chosen failpoints (`CAIRN_FAILPOINTS`), killed there with SIGKILL and
+//! resumed with `--from latest`.
 
 mod common;
 
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -169,120 +172,212 @@ fn without_a_restart_strategy_budget_the_job_fails_cleanly() {
     assert!(last.contains("injected failure"), "{stderr}");
 }
 
-/// Kills the job with SIGKILL at random moments, resumes it with `--from latest` each time,
-/// and checks the committed output of the whole sequence.
-fn kill_and_resume(seed: u64, parallelism: u32, kills: usize, extra: &[&str]) -> Check {
-    let (count, keys) = (6_000_000u64, 20_000u64);
+/// The newest completed checkpoint under `ck` (one with a `_metadata`) and the highest
+/// checkpoint directory of its job, from which a resumed run continues numbering.
+fn checkpoint_progress(ck: &Path) -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64)> = None;
+    for job in std::fs::read_dir(ck).ok()? {
+        let job = job.unwrap().path();
+        let (mut completed, mut highest) = (None, 0u64);
+        for e in std::fs::read_dir(&job).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = name
+                .strip_prefix("chk-")
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            highest = highest.max(id);
+            if e.path().join("_metadata").exists() {
+                completed = completed.max(Some(id));
+            }
+        }
+        if let Some(id) = completed {
+            if best.is_none_or(|(b, _)| id > b) {
+                best = Some((id, highest));
+            }
+        }
+    }
+    best
+}
+
+/// The checkpoint a run said it restores from (its `restoring job from checkpoint N` line).
+fn restored_checkpoint(stderr: &str) -> Option<u64> {
+    let (_, rest) = stderr.split_once("restoring job from checkpoint ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some(digits.parse().unwrap())
+}
+
+fn wordcount_run(parallelism: u32, out_dir: &Path, ck: &Path, extra: &[&str]) -> Command {
+    let mut cmd = cairn();
+    cmd.args(["run", "wordcount", "-p", &parallelism.to_string()])
+        .args([
+            "--generate",
+            &KILL_RECORDS.to_string(),
+            "--keys",
+            &KILL_KEYS.to_string(),
+        ])
+        .arg("--output")
+        .arg(out_dir)
+        .arg("--checkpoint-dir")
+        .arg(ck)
+        .args(["--checkpoint-interval", "30ms", "--from", "latest"])
+        .args(extra)
+        .stdout(Stdio::null());
+    cmd
+}
+
+const KILL_RECORDS: u64 = 8_000_000;
+const KILL_KEYS: u64 = 20_000;
+
+/// Runs wordcount under `--from latest` once per failpoint (in an order the seed chooses), each
+/// run stopped at its failpoint 2 or 3 checkpoints past the previous run's and killed with
+/// SIGKILL there; then runs it to the end. Asserts that every kill landed at its point, what
+/// each point implies about the newest completed checkpoint, and that every run restored the
+/// newest completed one; returns the check of the committed output.
+fn kill_at_failpoints_and_resume(seed: u64, parallelism: u32, extra: &[&str]) -> Check {
     let tmp = tempfile::tempdir().unwrap();
     let out_dir = tmp.path().join("out");
     let ck = tmp.path().join("ck");
-    let mut rng = fastrand_like(seed);
-    let mut killed = 0;
-    let mut runs = 0;
-    loop {
-        runs += 1;
-        assert!(runs < 50, "job never finished");
-        let mut child = cairn()
-            .args(["run", "wordcount", "-p", &parallelism.to_string()])
-            .args([
-                "--generate",
-                &count.to_string(),
-                "--keys",
-                &keys.to_string(),
-            ])
-            .arg("--output")
-            .arg(&out_dir)
-            .arg("--checkpoint-dir")
-            .arg(&ck)
-            .args(["--checkpoint-interval", "30ms", "--from", "latest"])
-            .args(extra)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
+    let mut next = seeded(seed);
+    let mut newest: Option<u64> = None;
+    let mut kills = Vec::new();
+    let expected = generated_counts(KILL_RECORDS, KILL_KEYS);
+    let exactly_once = !extra.contains(&"at-least-once");
+    for (run, point) in shuffled_failpoints(&mut next).into_iter().enumerate() {
+        let base = checkpoint_progress(&ck).map_or(0, |(_, highest)| highest);
+        let at = base + 2 + next() % 2;
+        let marker = tmp.path().join(format!("marker-{run}"));
+        let log = tmp.path().join(format!("run-{run}.log"));
+        let mut child = wordcount_run(parallelism, &out_dir, &ck, extra)
+            .env("CAIRN_FAILPOINTS", format!("{point}={at}"))
+            .env("CAIRN_FAILPOINT_MARKER", &marker)
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        if killed < kills {
-            let after = Duration::from_millis(20 + rng() % 230);
-            let deadline = Instant::now() + after;
-            let mut exited = None;
-            while Instant::now() < deadline {
-                if let Some(status) = child.try_wait().unwrap() {
-                    exited = Some(status);
-                    break;
-                }
-                std::thread::yield_now();
-                std::thread::park_timeout(Duration::from_millis(2));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (name, id) = loop {
+            if let Some(hit) = read_marker(&marker) {
+                break hit;
             }
-            if exited.is_none() {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                killed += 1;
-                continue;
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!(
+                    "seed {seed}: run {run} ended ({status}) before failpoint {point}={at}: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
             }
-        }
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "seed {seed}: run {runs} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            assert!(
+                Instant::now() < deadline,
+                "seed {seed}: run {run} never reached failpoint {point}={at}"
+            );
+            std::thread::park_timeout(Duration::from_millis(2));
+        };
+        child.kill().unwrap(); // SIGKILL, while the thread at the failpoint is parked
+        child.wait().unwrap();
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            restored_checkpoint(&stderr),
+            newest,
+            "seed {seed}: run {run} did not restore the newest completed checkpoint: {stderr}"
         );
-        break;
+        assert_eq!(
+            name, point,
+            "seed {seed}: run {run} stopped at another point"
+        );
+        assert!(
+            id >= at,
+            "seed {seed}: {point} fired at {id}, armed for {at}"
+        );
+        let now = checkpoint_progress(&ck).map(|(id, _)| id);
+        let completed = now.unwrap_or(0);
+        match point {
+            // The coordinator stopped right after writing the metadata: nothing newer completed.
+            "checkpoint-completed" => assert_eq!(completed, id, "seed {seed}: {point} {id}"),
+            // The sink learnt that the checkpoint completed; a newer one may have too.
+            "sink-committing" => assert!(completed >= id, "seed {seed}: {point} {id}"),
+            // A subtask never acknowledged: the checkpoint cannot have completed.
+            _ => assert!(
+                completed < id,
+                "seed {seed}: {point} {id}: {completed} completed"
+            ),
+        }
+        assert!(
+            now >= newest,
+            "seed {seed}: completed checkpoints went back"
+        );
+        newest = now;
+        if exactly_once {
+            // Committed output never holds a duplicate, not even between kills.
+            let so_far = check_output(&out_dir, &expected);
+            assert_eq!(
+                so_far.duplicates, 0,
+                "seed {seed}: duplicates committed by the run killed at {point} {id}"
+            );
+        }
+        kills.push(format!("{point} at {id}"));
     }
-    assert!(
-        killed >= 2,
-        "seed {seed}: the job finished after only {killed} kill(s)"
+    let out = run_ok(wordcount_run(parallelism, &out_dir, &ck, extra).stderr(Stdio::piped()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        restored_checkpoint(&stderr),
+        newest,
+        "seed {seed}: {stderr}"
     );
-    eprintln!("seed {seed}: {killed} SIGKILLs over {runs} runs");
+    let id = newest.expect("a checkpoint completed before the last kill");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("restored from ") && l.contains(&format!("chk-{id}"))),
+        "seed {seed}: {stderr}"
+    );
+    let summary = stderr
+        .lines()
+        .find(|l| l.starts_with("wordcount finished"))
+        .unwrap_or_default();
+    eprintln!(
+        "seed {seed}: SIGKILLs at {}; then {summary}",
+        kills.join(", ")
+    );
     assert_no_leftovers(&out_dir);
-    check_output(&out_dir, &generated_counts(count, keys))
+    check_output(&out_dir, &expected)
 }
 
 fn assert_clean(c: Check) {
     assert_eq!((c.duplicates, c.missing), (0, 0), "exactly-once violated");
 }
 
-fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
+#[test]
+fn sigkill_at_failpoints_and_resume_from_latest_keeps_exactly_once_p4() {
+    assert_clean(kill_at_failpoints_and_resume(11, 4, &[]));
 }
 
 #[test]
-fn sigkill_at_random_moments_and_resume_from_latest_keeps_exactly_once_p4() {
-    assert_clean(kill_and_resume(11, 4, 4, &[]));
+fn sigkill_at_failpoints_with_unaligned_checkpoints_keeps_exactly_once() {
+    assert_clean(kill_at_failpoints_and_resume(12, 4, &["--unaligned"]));
 }
 
 #[test]
-fn sigkill_with_unaligned_checkpoints_keeps_exactly_once() {
-    assert_clean(kill_and_resume(12, 4, 4, &["--unaligned"]));
-}
-
-#[test]
-fn sigkill_with_alignment_timeout_keeps_exactly_once() {
-    assert_clean(kill_and_resume(
+fn sigkill_at_failpoints_with_alignment_timeout_keeps_exactly_once() {
+    assert_clean(kill_at_failpoints_and_resume(
         13,
         4,
-        3,
         &["--aligned-checkpoint-timeout", "5ms"],
     ));
 }
 
 #[test]
-fn sigkill_with_concurrent_checkpoints_keeps_exactly_once() {
-    assert_clean(kill_and_resume(
+fn sigkill_at_failpoints_with_concurrent_checkpoints_keeps_exactly_once() {
+    assert_clean(kill_at_failpoints_and_resume(
         14,
         4,
-        3,
         &["--max-concurrent-checkpoints", "3"],
     ));
 }
 
 #[test]
-fn sigkill_at_least_once_loses_nothing() {
-    let c = kill_and_resume(15, 4, 4, &["--mode", "at-least-once"]);
+fn sigkill_at_failpoints_at_least_once_loses_nothing() {
+    let c = kill_at_failpoints_and_resume(15, 4, &["--mode", "at-least-once"]);
     assert_eq!(c.missing, 0, "at-least-once lost records");
     eprintln!(
         "at-least-once with SIGKILLs: {} duplicate output lines",
@@ -291,8 +386,8 @@ fn sigkill_at_least_once_loses_nothing() {
 }
 
 #[test]
-fn sigkill_at_random_moments_and_resume_from_latest_keeps_exactly_once_p2() {
-    assert_clean(kill_and_resume(23, 2, 3, &[]));
+fn sigkill_at_failpoints_and_resume_from_latest_keeps_exactly_once_p2() {
+    assert_clean(kill_at_failpoints_and_resume(23, 2, &[]));
 }
 
 /// The backpressure job (two inputs into a keyed co-process, throttled sink) with unaligned

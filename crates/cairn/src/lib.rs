@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod connectors;
 pub mod error;
+pub mod failpoint;
 pub mod jobs;
 pub mod runtime;
 pub mod state;

@@ -418,6 +418,7 @@ impl CheckpointCoordinator {
             let id = p.barrier.id;
             match self.finalize(p, now) {
                 Ok(meta) => {
+                    crate::failpoint::hit("checkpoint-completed", id);
                     self.consecutive_failures = 0;
                     self.last_completion = Some(now);
                     self.broadcast(TaskMessage::Complete(id));

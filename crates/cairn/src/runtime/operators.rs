@@ -267,11 +267,13 @@ impl<T: Send + 'static> Operator<T, ()> for SinkOp<T> {
     }
     fn snapshot(&mut self, id: u64) -> TaskResult<Option<OperatorSnapshot>> {
         let pending = self.writer.pre_commit(id)?;
+        crate::failpoint::hit("sink-pre-committed", id);
         Ok(Some(
             OperatorSnapshot::new(self.uid.clone()).with_list(SINK_PENDING_STATE, pending),
         ))
     }
     fn notify_complete(&mut self, id: u64) -> TaskResult {
+        crate::failpoint::hit("sink-committing", id);
         self.writer.commit(id)
     }
 }

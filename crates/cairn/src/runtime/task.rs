@@ -86,6 +86,7 @@ pub fn run_uploader(
             let uids = operators.iter().map(|o| o.uid.clone()).collect();
             let bytes = encode(FileKind::TaskState, &TaskStateFile { operators })?;
             storage.write(&path, &bytes)?;
+            crate::failpoint::hit("upload", id);
             Ok((uids, bytes.len() as u64))
         })();
         let event = match result {
