@@ -645,7 +645,10 @@ fn garbage_on_a_worker_data_port_is_refused_and_the_worker_keeps_working() {
             format!("frame of {} bytes exceeds the limit", u32::MAX),
         ),
         // A frame of the right version whose greeting stops after two empty strings.
-        (&[3, 0, 0, 0, 1, 0, 0], "malformed frame".to_string()),
+        (
+            &[3, 0, 0, 0, cairn::cluster::frame::PROTOCOL_VERSION, 0, 0],
+            "malformed frame".to_string(),
+        ),
     ];
     for (junk, reason) in junks {
         let peer = send_junk(data, junk);

@@ -361,7 +361,12 @@ impl<'a> JobMaster<'a> {
                     d.cancel();
                 }
             }
-            warn!("regions {scope:?} of the job failed: {cause}; restarting those regions only");
+            match scope.iter().collect::<Vec<_>>()[..] {
+                [r] => warn!("region {r} of the job failed: {cause}; restarting that region only"),
+                _ => warn!(
+                    "regions {scope:?} of the job failed: {cause}; restarting those regions only"
+                ),
+            }
         }
         for &r in &scope {
             for &t in &self.setup.regions[r] {
@@ -455,6 +460,18 @@ impl<'a> JobMaster<'a> {
                     Failure::job(format!("cannot read back completed checkpoint {id}: {e}"))
                 })?;
             self.setup.restored = Some(loaded);
+        }
+        match &self.setup.restored {
+            Some(c) => info!(
+                "restoring regions {:?} from checkpoint {} ({})",
+                restart.regions,
+                c.id(),
+                c.location
+            ),
+            None => info!(
+                "restarting regions {:?} without state (no checkpoint completed)",
+                restart.regions
+            ),
         }
         let plan = self.setup.deployer.plan;
         let region_of_task = &self.region_of_task;

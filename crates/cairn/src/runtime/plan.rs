@@ -317,7 +317,10 @@ mod tests {
         let Err(JobError::Setup(msg)) = plan(&graph, &c) else {
             panic!("expected a setup error");
         };
-        assert!(msg.contains("parallelism 4") && msg.contains("max parallelism 2"), "{msg}");
+        assert!(
+            msg.contains("parallelism 4") && msg.contains("max parallelism 2"),
+            "{msg}"
+        );
     }
 
     fn names(p: &Plan) -> Vec<&str> {
