@@ -394,10 +394,12 @@ fn route_event(inner: &Inner, job_id: &str, event: WireEvent) {
         WireEvent::Decline {
             checkpoint_id,
             attempt,
+            kind,
             reason,
         } => JobEvent::Decline {
             checkpoint_id,
             attempt,
+            kind,
             reason,
         },
         WireEvent::SourceExhausted { attempt, task } => JobEvent::SourceExhausted { attempt, task },

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::TaskAck;
 use crate::runtime::channel::{ControlMail, DataFrame};
+use crate::runtime::gate::DeclineKind;
 
 /// Worker → coordinator.
 #[derive(Debug, Serialize, Deserialize)]
@@ -49,6 +50,8 @@ pub enum WireEvent {
         checkpoint_id: u64,
         /// Attempt.
         attempt: u32,
+        /// Why, as a kind (a subsumed checkpoint is no failure).
+        kind: DeclineKind,
         /// Why.
         reason: String,
     },

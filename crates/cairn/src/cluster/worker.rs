@@ -432,10 +432,12 @@ fn deploy_attempt(
                     JobEvent::Decline {
                         checkpoint_id,
                         attempt,
+                        kind,
                         reason,
                     } => WireEvent::Decline {
                         checkpoint_id,
                         attempt,
+                        kind,
                         reason,
                     },
                     JobEvent::SourceExhausted { attempt, task } => {

@@ -1058,6 +1058,7 @@ pub fn run_job_with(
                     checkpoint_id,
                     attempt: a,
                     reason,
+                    ..
                 }) => {
                     if let Some(c) = coordinator.as_mut() {
                         if let Err(e) = c.on_decline(checkpoint_id, a, &reason) {
