@@ -389,6 +389,14 @@ impl InputGate {
         self.parked_total
     }
 
+    /// Whether a parked element could be processed now (its channel is not blocked): the
+    /// simulator's view of what [`InputGate::next_parked`] would return.
+    #[cfg(test)]
+    pub(crate) fn ready_parked(&self) -> bool {
+        self.parked_total > 0
+            && (0..self.parked.len()).any(|c| !self.blocked[c] && !self.parked[c].is_empty())
+    }
+
     /// Whether `channel` is blocked for alignment.
     pub fn is_blocked(&self, channel: usize) -> bool {
         self.blocked[channel]
