@@ -402,17 +402,6 @@ impl InputGate {
         self.blocked[channel]
     }
 
-    /// Before a batch of `channel` is processed: whether priority mail must be taken first. An
-    /// unaligned checkpoint is pending and the channel's barrier has not come, so the batch may
-    /// have been sent after that barrier, which is then in the priority mailbox already.
-    #[inline]
-    pub fn needs_priority_first(&self, channel: usize) -> bool {
-        match &self.pending {
-            None => false,
-            Some(p) => p.unaligned && !p.seen[channel],
-        }
-    }
-
     /// A batch of `channel` is about to be processed: whether it is in flight at an unaligned
     /// cut and must be recorded (serialized) and passed to [`InputGate::after_batch`].
     #[inline]

@@ -636,9 +636,10 @@ impl TaskRuntime {
                 }
             };
             self.credits[ch].release();
-            if gate.needs_priority_first(ch) {
-                // Is this batch before or after its channel's barrier? If after, the barrier
-                // was sent before it and is waiting in the priority mailbox.
+            if !self.priority.is_empty() {
+                // A priority barrier sent before this batch is in the priority mailbox by now
+                // (it may have arrived after the loop last looked): it goes first, or a batch
+                // after the cut would be processed as if it were before it.
                 self.drain_priority(&mut gate)?;
             }
             let recorded = if gate.before_batch(ch) {
@@ -797,6 +798,76 @@ mod tests {
         }
         rt.run().unwrap();
         assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3, 4, 100]);
+    }
+
+    /// Commits of a sink: which checkpoints it was told completed.
+    struct Committer(Arc<Mutex<Vec<u64>>>);
+
+    impl Operator<u32, ()> for Committer {
+        fn process(&mut self, input: &mut Vec<u32>, _out: &mut Vec<()>) -> TaskResult {
+            input.clear();
+            Ok(())
+        }
+        fn notify_complete(&mut self, id: u64) -> TaskResult {
+            self.0.lock().unwrap().push(id);
+            Ok(())
+        }
+    }
+
+    fn barrier(id: u64) -> Barrier {
+        Barrier {
+            id,
+            timestamp_ms: now_ms(),
+            aligned_only: true,
+        }
+    }
+
+    /// Defect 3.2: end of stream may arrive before the completion of the final checkpoint (in
+    /// cluster mode they travel on different connections); the task finishes only after it.
+    #[test]
+    fn a_task_whose_input_ended_finishes_only_after_its_last_checkpoint_completed() {
+        let commits = Arc::new(Mutex::new(Vec::new()));
+        let chain: Box<dyn Chain<u32>> =
+            Box::new(Link::new(Committer(commits.clone()), Box::new(NullChain)));
+        let empty = ChannelStateData {
+            channels_total: 1,
+            channels: vec![],
+        };
+        let (rt, mail_tx, _prio_tx) = operator_task(chain, 1, empty);
+        for element in [Element::Barrier(barrier(7)), Element::EndOfStream] {
+            mail_tx
+                .send(Mail::Data {
+                    channel: 0,
+                    element,
+                })
+                .unwrap();
+        }
+        mail_tx.send(Mail::CheckpointComplete(7)).unwrap();
+        rt.run().unwrap();
+        assert_eq!(*commits.lock().unwrap(), vec![7]);
+    }
+
+    #[test]
+    fn a_task_whose_input_ended_fails_if_its_last_checkpoint_is_aborted() {
+        let empty = ChannelStateData {
+            channels_total: 1,
+            channels: vec![],
+        };
+        let (rt, mail_tx, _prio_tx) = operator_task(Box::new(NullChain), 1, empty);
+        for element in [Element::Barrier(barrier(7)), Element::EndOfStream] {
+            mail_tx
+                .send(Mail::Data {
+                    channel: 0,
+                    element,
+                })
+                .unwrap();
+        }
+        mail_tx.send(Mail::CheckpointAborted(7)).unwrap();
+        let err = rt.run().unwrap_err().to_string();
+        assert!(
+            err.contains("checkpoint 7 was aborted after the input"),
+            "{err}"
+        );
     }
 
     #[test]
