@@ -616,8 +616,29 @@ fn from_latest_with_empty_checkpoint_dir_starts_fresh() {
 // 13–14: corrupt and torn checkpoints
 // ---------------------------------------------------------------------------------------------
 
+/// Checks a `--from latest` run that met a damaged *completed* checkpoint `bad`: a user error
+/// naming it and saying why no older one was taken.
+fn assert_latest_refused(r: &Run, job: &str, bad: u64) {
+    let line = r.assert_user_error(&[]);
+    assert!(
+        mentions_checkpoint(&line, job, bad),
+        "the error must name the damaged checkpoint {job}/chk-{bad}\n{}",
+        r.describe()
+    );
+    assert!(
+        line.contains("would repeat output") && line.contains("--from PATH"),
+        "the error must say why no older checkpoint was restored, and how to pick one\n{}",
+        r.describe()
+    );
+    assert!(
+        !r.stderr.contains("restored from"),
+        "nothing may be restored\n{}",
+        r.describe()
+    );
+}
+
 #[test]
-fn corrupt_checkpoint_is_refused_by_path_and_skipped_by_latest() {
+fn corrupt_checkpoint_metadata_is_refused_by_path_and_by_latest() {
     let d = tmp();
     let root = d.path().join("checkpoints");
     let (job, ids) = make_checkpoints(d.path(), &root);
@@ -642,20 +663,78 @@ fn corrupt_checkpoint_is_refused_by_path_and_skipped_by_latest() {
         r.describe()
     );
 
-    // `--from latest`: skipped with a warning, restored from an older one.
+    // `--from latest`: the checkpoint completed (its `_metadata` exists), so sinks may have
+    // committed its output; an older one would repeat that output. Refused.
     let mut args = checkpointed_run_args(&root);
     args.extend(["--from".to_string(), "latest".to_string()]);
     let r = cairn_owned(d.path(), &args);
-    assert_skipped_and_restored_older(&r, &job, newest);
+    assert_latest_refused(&r, &job, newest);
 }
 
 #[test]
-fn torn_checkpoint_metadata_is_skipped_by_latest() {
+fn a_damaged_state_file_of_the_newest_completed_checkpoint_is_refused_by_latest() {
+    let d = tmp();
+    let root = d.path().join("checkpoints");
+    let (job, ids) = make_checkpoints(d.path(), &root);
+    let newest = *ids.last().unwrap();
+    let chk = root.join(&job).join(format!("chk-{newest}"));
+    let state = fs::read_dir(&chk)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().is_some_and(|n| n != "_metadata"))
+        .expect("the checkpoint has a state file");
+    flip_middle_byte(&state);
+
+    let mut args = checkpointed_run_args(&root);
+    args.extend(["--from".to_string(), "latest".to_string()]);
+    let r = cairn_owned(d.path(), &args);
+    assert_latest_refused(&r, &job, newest);
+    let name = state.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        r.stderr.contains(&name),
+        "the error must name the damaged file {name}\n{}",
+        r.describe()
+    );
+
+    // The user may still pick the older checkpoint, knowingly, by path.
+    let older = ids[ids.len() - 2];
+    let mut args = checkpointed_run_args(&root);
+    let chk = root.join(&job).join(format!("chk-{older}"));
+    args.extend(["--from".to_string(), s(&chk).to_string()]);
+    let r = cairn_owned(d.path(), &args);
+    r.assert_success();
+    assert!(
+        r.stderr_lines()
+            .iter()
+            .any(|l| l.starts_with("restored from") && mentions_checkpoint(l, &job, older)),
+        "expected a restore from {job}/chk-{older}\n{}",
+        r.describe()
+    );
+}
+
+#[test]
+fn torn_checkpoint_metadata_is_refused_by_latest() {
     let d = tmp();
     let root = d.path().join("checkpoints");
     let (job, ids) = make_checkpoints(d.path(), &root);
     let newest = *ids.last().unwrap();
     truncate_to_half(&metadata_file(&root, &job, newest));
+
+    let mut args = checkpointed_run_args(&root);
+    args.extend(["--from".to_string(), "latest".to_string()]);
+    let r = cairn_owned(d.path(), &args);
+    assert_latest_refused(&r, &job, newest);
+}
+
+#[test]
+fn a_checkpoint_that_never_completed_is_skipped_by_latest() {
+    let d = tmp();
+    let root = d.path().join("checkpoints");
+    let (job, ids) = make_checkpoints(d.path(), &root);
+    let newest = *ids.last().unwrap();
+    // The process died before `_metadata` was written: the checkpoint never completed, and no
+    // sink committed anything of it.
+    fs::remove_file(metadata_file(&root, &job, newest)).unwrap();
 
     let mut args = checkpointed_run_args(&root);
     args.extend(["--from".to_string(), "latest".to_string()]);

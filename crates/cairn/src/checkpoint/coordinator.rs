@@ -1,11 +1,17 @@
-//! The checkpoint coordinator (R1–R4).
+//! The checkpoint coordinator (R1–R4), as a state machine without I/O of its own.
 //!
-//! It triggers checkpoint n by sending [`Mail::TriggerCheckpoint`] to every source subtask,
+//! It triggers checkpoint n by queueing a [`TaskMessage::Trigger`] for every source subtask,
 //! collects one [`TaskAck`] per subtask, and when all arrived writes `_metadata` last and
-//! atomically, notifies every subtask, and deletes checkpoints beyond the retained count.
-//! Checkpoints complete strictly in id order. A checkpoint that a subtask declines, or that
-//! exceeds the timeout, is aborted and its directory removed; more consecutive failures than
-//! tolerated fail the job.
+//! atomically, queues "complete" for every subtask, and deletes checkpoints beyond the retained
+//! count. Checkpoints complete strictly in id order. A checkpoint that a subtask declines, or
+//! that exceeds the timeout, is aborted and its directory removed; more consecutive failures
+//! than tolerated fail the job. A checkpoint declined because a newer barrier overtook its
+//! alignment (subsumed) is aborted too, but does not count as a failure, as in Flink.
+//!
+//! Time is an input (`now` on every call) and messages to subtasks are outputs
+//! ([`CheckpointCoordinator::drain_messages`]): the job master delivers them on the control
+//! path, the simulation delivers them whenever its schedule says. The only effects the
+//! coordinator has itself are on the checkpoint storage it is given.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -13,8 +19,10 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::{now_ms, CheckpointMetadata, OperatorMetadata, SubtaskStateHandle, TaskAck};
-use crate::runtime::channel::{Barrier, BarrierKind, Mail, MailboxHandle};
+use super::{
+    Barrier, BarrierKind, CheckpointMetadata, DeclineCause, OperatorMetadata, SubtaskStateHandle,
+    TaskAck,
+};
 use crate::storage::format::{encode, FileKind};
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir};
 use crate::storage::CheckpointStorage;
@@ -49,10 +57,19 @@ pub struct TaskInfo {
     pub subtask: u32,
     /// Whether it is a source (receives triggers).
     pub is_source: bool,
-    /// Its mailbox.
-    pub mailbox: MailboxHandle,
     /// Operators of its chain: (uid, parallelism).
     pub operators: Vec<(String, u32)>,
+}
+
+/// A message of the coordinator to one subtask (delivered on the control path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskMessage {
+    /// Sources only: take the checkpoint and emit its barrier.
+    Trigger(Barrier, BarrierKind),
+    /// The checkpoint is complete: commit what was pre-committed for it (and before it).
+    Complete(u64),
+    /// The checkpoint was aborted.
+    Aborted(u64),
 }
 
 struct Pending {
@@ -93,6 +110,11 @@ pub struct CheckpointCoordinator {
     completed: Vec<CompletedCheckpoint>,
     failed_total: u64,
     triggered_total: u64,
+    /// Messages to subtasks not yet taken by the caller: (global task index, message).
+    outbox: Vec<(usize, TaskMessage)>,
+    /// An instant and the wall-clock time (ms since the epoch) at that instant: barrier and
+    /// metadata timestamps derive from `now`, so a simulated clock drives them too.
+    epoch_base: (Instant, u64),
 }
 
 /// The job must fail: too many checkpoints failed in a row.
@@ -110,6 +132,7 @@ pub struct TooManyFailures {
 impl CheckpointCoordinator {
     /// A coordinator writing under `<storage>/<job_id>/`. Checkpoint ids continue after the
     /// highest id present in the job directory, so a resumed job never reuses a directory.
+    /// `epoch_base` is an instant and the wall-clock time in ms since the Unix epoch at it.
     pub fn new(
         settings: CheckpointSettings,
         storage: Arc<dyn CheckpointStorage>,
@@ -117,6 +140,7 @@ impl CheckpointCoordinator {
         job_name: String,
         max_parallelism: u32,
         min_next_id: u64,
+        epoch_base: (Instant, u64),
     ) -> Self {
         let highest = storage
             .list(&job_id)
@@ -142,6 +166,25 @@ impl CheckpointCoordinator {
             completed: Vec::new(),
             failed_total: 0,
             triggered_total: 0,
+            outbox: Vec::new(),
+            epoch_base,
+        }
+    }
+
+    /// Wall-clock milliseconds since the Unix epoch at `now`.
+    fn epoch_ms(&self, now: Instant) -> u64 {
+        let (base, base_ms) = self.epoch_base;
+        base_ms + now.saturating_duration_since(base).as_millis() as u64
+    }
+
+    /// Takes the messages for subtasks queued so far, in the order they were queued.
+    pub fn drain_messages(&mut self) -> Vec<(usize, TaskMessage)> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    fn broadcast(&mut self, message: TaskMessage) {
+        for t in &self.tasks {
+            self.outbox.push((t.index, message));
         }
     }
 
@@ -161,19 +204,17 @@ impl CheckpointCoordinator {
     /// Sets the subtasks (all of them, in global order) and the attempt each belongs to, after
     /// a (re)deployment of some or all of them; in-flight checkpoints are aborted, since they
     /// wait for subtasks that are gone.
-    pub fn set_tasks(&mut self, tasks: Vec<TaskInfo>, attempts: Vec<u32>) {
+    pub fn set_tasks(&mut self, tasks: Vec<TaskInfo>, attempts: Vec<u32>, now: Instant) {
+        self.attempts = attempts;
+        self.tasks = tasks;
         let ids: Vec<u64> = self.pending.keys().copied().collect();
         for id in ids {
             self.pending.remove(&id);
-            for t in &tasks {
-                let _ = t.mailbox.send(Mail::CheckpointAborted(id));
-            }
+            self.broadcast(TaskMessage::Aborted(id));
             self.remove_dir(id);
         }
-        self.attempts = attempts;
-        self.tasks = tasks;
         // The first checkpoint of a (re)deployment comes one interval later, as in Flink.
-        self.last_trigger = Some(Instant::now());
+        self.last_trigger = Some(now);
     }
 
     /// Checkpoints completed during this run, oldest first.
@@ -214,11 +255,10 @@ impl CheckpointCoordinator {
 
     /// Triggers a checkpoint if one is due (or `force`d, for the final checkpoint) and fewer
     /// than max-concurrent are in flight. Returns its id.
-    pub fn maybe_trigger(&mut self, force: bool) -> Option<u64> {
+    pub fn maybe_trigger(&mut self, now: Instant, force: bool) -> Option<u64> {
         if self.tasks.is_empty() || self.pending.len() >= self.settings.max_concurrent as usize {
             return None;
         }
-        let now = Instant::now();
         if !force && now < self.next_trigger_at(now) {
             return None;
         }
@@ -226,7 +266,7 @@ impl CheckpointCoordinator {
         self.next_id += 1;
         let barrier = Barrier {
             id,
-            timestamp_ms: now_ms(),
+            timestamp_ms: self.epoch_ms(now),
             aligned_only: force,
         };
         // The final checkpoint (forced) is aligned, so that no in-flight data is left to be
@@ -249,14 +289,14 @@ impl CheckpointCoordinator {
         self.triggered_total += 1;
         debug!(checkpoint = id, "triggering checkpoint");
         for t in self.tasks.iter().filter(|t| t.is_source) {
-            // A closed mailbox means the task is gone; the attempt is failing anyway.
-            let _ = t.mailbox.send(Mail::TriggerCheckpoint(barrier, kind));
+            self.outbox
+                .push((t.index, TaskMessage::Trigger(barrier, kind)));
         }
         Some(id)
     }
 
     /// A subtask acknowledged. Returns the ids of checkpoints that completed as a result.
-    pub fn on_ack(&mut self, ack: TaskAck) -> Result<Vec<u64>, TooManyFailures> {
+    pub fn on_ack(&mut self, ack: TaskAck, now: Instant) -> Result<Vec<u64>, TooManyFailures> {
         if self.attempts.get(ack.task_index) != Some(&ack.attempt) {
             return Ok(Vec::new());
         }
@@ -273,32 +313,40 @@ impl CheckpointCoordinator {
             p.acks[idx] = Some(ack);
             p.remaining -= 1;
         }
-        self.complete_ready()
+        self.complete_ready(now)
     }
 
-    /// A subtask declined checkpoint `id` (alignment cancelled, snapshot failed).
+    /// A subtask declined checkpoint `id`: subsumed by a newer barrier (not a failure), or it
+    /// could not take part (a failure).
     pub fn on_decline(
         &mut self,
         id: u64,
         attempt: u32,
-        reason: &str,
+        cause: &DeclineCause,
+        now: Instant,
     ) -> Result<(), TooManyFailures> {
         if !self.attempts.contains(&attempt) || !self.pending.contains_key(&id) {
             return Ok(());
         }
-        self.abort(id, reason)
+        match cause {
+            DeclineCause::Subsumed => {
+                self.abort_subsumed(id, now);
+                Ok(())
+            }
+            DeclineCause::Failed(reason) => self.abort(id, reason, now),
+        }
     }
 
     /// Aborts checkpoints that exceeded the timeout.
-    pub fn check_timeouts(&mut self) -> Result<(), TooManyFailures> {
+    pub fn check_timeouts(&mut self, now: Instant) -> Result<(), TooManyFailures> {
         let expired: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, p)| p.started.elapsed() > self.settings.timeout)
+            .filter(|(_, p)| now.saturating_duration_since(p.started) > self.settings.timeout)
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
-            self.abort(id, "expired before completing")?;
+            self.abort(id, "expired before completing", now)?;
         }
         Ok(())
     }
@@ -311,16 +359,29 @@ impl CheckpointCoordinator {
             .min()
     }
 
-    fn abort(&mut self, id: u64, reason: &str) -> Result<(), TooManyFailures> {
+    /// Removes pending checkpoint `id`: tasks are told, its directory goes.
+    fn discard(&mut self, id: u64, now: Instant) {
         self.pending.remove(&id);
-        warn!(checkpoint = id, "checkpoint {id} failed: {reason}");
-        for t in &self.tasks {
-            let _ = t.mailbox.send(Mail::CheckpointAborted(id));
-        }
+        self.broadcast(TaskMessage::Aborted(id));
         self.remove_dir(id);
         self.failed_total += 1;
+        self.last_completion = Some(now);
+    }
+
+    /// A newer checkpoint's barrier overtook `id`'s alignment: `id` cannot complete, but
+    /// nothing failed, so the tolerable-failure count is untouched.
+    fn abort_subsumed(&mut self, id: u64, now: Instant) {
+        debug!(
+            checkpoint = id,
+            "checkpoint {id} subsumed by a newer checkpoint"
+        );
+        self.discard(id, now);
+    }
+
+    fn abort(&mut self, id: u64, reason: &str, now: Instant) -> Result<(), TooManyFailures> {
+        warn!(checkpoint = id, "checkpoint {id} failed: {reason}");
+        self.discard(id, now);
         self.consecutive_failures += 1;
-        self.last_completion = Some(Instant::now());
         if self.consecutive_failures > self.settings.tolerable_failed {
             return Err(TooManyFailures {
                 tolerable: self.settings.tolerable_failed,
@@ -347,7 +408,7 @@ impl CheckpointCoordinator {
         }
     }
 
-    fn complete_ready(&mut self) -> Result<Vec<u64>, TooManyFailures> {
+    fn complete_ready(&mut self, now: Instant) -> Result<Vec<u64>, TooManyFailures> {
         let mut done = Vec::new();
         while let Some(entry) = self.pending.first_entry() {
             if entry.get().remaining > 0 {
@@ -355,13 +416,11 @@ impl CheckpointCoordinator {
             }
             let p = entry.remove();
             let id = p.barrier.id;
-            match self.finalize(p) {
+            match self.finalize(p, now) {
                 Ok(meta) => {
                     self.consecutive_failures = 0;
-                    self.last_completion = Some(Instant::now());
-                    for t in &self.tasks {
-                        let _ = t.mailbox.send(Mail::CheckpointComplete(id));
-                    }
+                    self.last_completion = Some(now);
+                    self.broadcast(TaskMessage::Complete(id));
                     debug!(
                         checkpoint = id,
                         duration_ms = meta.duration_ms(),
@@ -380,14 +439,14 @@ impl CheckpointCoordinator {
                 }
                 Err(reason) => {
                     // The metadata could not be written: the checkpoint does not exist.
-                    self.abort(id, &reason)?;
+                    self.abort(id, &reason, now)?;
                 }
             }
         }
         Ok(done)
     }
 
-    fn finalize(&self, p: Pending) -> Result<CheckpointMetadata, String> {
+    fn finalize(&self, p: Pending, now: Instant) -> Result<CheckpointMetadata, String> {
         let id = p.barrier.id;
         let mut operators: BTreeMap<String, OperatorMetadata> = BTreeMap::new();
         let mut tasks = Vec::with_capacity(p.acks.len());
@@ -424,7 +483,7 @@ impl CheckpointCoordinator {
             job_name: self.job_name.clone(),
             checkpoint_id: id,
             trigger_timestamp_ms: p.barrier.timestamp_ms,
-            completed_timestamp_ms: now_ms().max(p.barrier.timestamp_ms),
+            completed_timestamp_ms: self.epoch_ms(now).max(p.barrier.timestamp_ms),
             max_parallelism: self.max_parallelism,
             operators: operators.into_values().collect(),
             state_size,
@@ -454,5 +513,139 @@ impl CheckpointCoordinator {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::layout::metadata_path;
+    use crate::storage::MemoryStorage;
+
+    fn settings(tolerable_failed: u32) -> CheckpointSettings {
+        CheckpointSettings {
+            interval: Duration::from_millis(100),
+            timeout: Duration::from_secs(10),
+            min_pause: Duration::ZERO,
+            max_concurrent: 2,
+            tolerable_failed,
+            num_retained: 1,
+            barrier_kind: BarrierKind::Aligned,
+        }
+    }
+
+    /// A coordinator over a source (task 0) and a sink (task 1), both of attempt 0.
+    fn coordinator(tolerable_failed: u32) -> (CheckpointCoordinator, Arc<MemoryStorage>, Instant) {
+        let storage = Arc::new(MemoryStorage::new());
+        let t0 = Instant::now();
+        let mut c = CheckpointCoordinator::new(
+            settings(tolerable_failed),
+            storage.clone(),
+            "job".into(),
+            "test".into(),
+            128,
+            1,
+            (t0, 1_000_000),
+        );
+        let task = |index, is_source| TaskInfo {
+            index,
+            name: format!("t{index}"),
+            subtask: 0,
+            is_source,
+            operators: vec![(format!("op{index}"), 1)],
+        };
+        c.set_tasks(vec![task(0, true), task(1, false)], vec![0, 0], t0);
+        (c, storage, t0)
+    }
+
+    fn ack(id: u64, task_index: usize) -> TaskAck {
+        TaskAck {
+            checkpoint_id: id,
+            task_index,
+            attempt: 0,
+            file: None,
+            uids: Vec::new(),
+            stats: crate::checkpoint::TaskCheckpointStats::default(),
+        }
+    }
+
+    #[test]
+    fn time_is_an_input_and_triggers_go_to_sources_only() {
+        let (mut c, _, t0) = coordinator(0);
+        assert_eq!(c.maybe_trigger(t0 + Duration::from_millis(99), false), None);
+        let id = c.maybe_trigger(t0 + Duration::from_millis(100), false);
+        assert_eq!(id, Some(1));
+        let sent = c.drain_messages();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        let (task, TaskMessage::Trigger(barrier, BarrierKind::Aligned)) = sent[0] else {
+            panic!("expected a trigger, got {sent:?}");
+        };
+        assert_eq!(task, 0);
+        // The barrier's wall-clock time derives from the instant given, not from the machine.
+        assert_eq!(barrier.timestamp_ms, 1_000_100);
+    }
+
+    #[test]
+    fn a_checkpoint_completes_when_every_subtask_acked_and_metadata_comes_last() {
+        let (mut c, storage, t0) = coordinator(0);
+        let now = t0 + Duration::from_millis(100);
+        c.maybe_trigger(now, false);
+        c.drain_messages();
+        assert!(c.on_ack(ack(1, 1), now).unwrap().is_empty());
+        assert!(!storage.exists(&metadata_path("job", 1)).unwrap());
+        assert_eq!(c.on_ack(ack(1, 0), now).unwrap(), vec![1]);
+        assert!(storage.exists(&metadata_path("job", 1)).unwrap());
+        let sent = c.drain_messages();
+        assert_eq!(
+            sent,
+            vec![(0, TaskMessage::Complete(1)), (1, TaskMessage::Complete(1))]
+        );
+    }
+
+    #[test]
+    fn subsumed_declines_do_not_count_as_failed_checkpoints() {
+        // No failure tolerated: a single counted failure fails the job.
+        let (mut c, _, t0) = coordinator(0);
+        let now = t0 + Duration::from_millis(100);
+        for id in 1..=3 {
+            assert_eq!(
+                c.maybe_trigger(now + Duration::from_secs(id), false),
+                Some(id)
+            );
+            c.on_decline(id, 0, &DeclineCause::Subsumed, now)
+                .expect("a subsumed checkpoint is not a failure");
+        }
+        let sent = c.drain_messages();
+        assert!(sent.contains(&(1, TaskMessage::Aborted(3))), "{sent:?}");
+        let id = c
+            .maybe_trigger(now + Duration::from_secs(10), false)
+            .unwrap();
+        let err = c
+            .on_decline(id, 0, &DeclineCause::Failed("disk full".into()), now)
+            .unwrap_err();
+        assert_eq!(err.id, id);
+        assert!(err.reason.contains("disk full"), "{err}");
+    }
+
+    #[test]
+    fn declines_of_another_attempt_are_ignored() {
+        let (mut c, _, t0) = coordinator(0);
+        let id = c.maybe_trigger(t0 + Duration::from_secs(1), false).unwrap();
+        c.on_decline(id, 7, &DeclineCause::Failed("old".into()), t0)
+            .expect("an old attempt's decline is stale");
+        assert_eq!(c.pending_count(), 1);
+    }
+
+    #[test]
+    fn a_checkpoint_past_its_timeout_is_aborted_at_the_given_instant() {
+        let (mut c, _, t0) = coordinator(1);
+        let start = t0 + Duration::from_secs(1);
+        let id = c.maybe_trigger(start, false).unwrap();
+        c.check_timeouts(start + Duration::from_secs(10)).unwrap();
+        assert_eq!(c.pending_count(), 1, "exactly at the timeout it still runs");
+        c.check_timeouts(start + Duration::from_millis(10_001))
+            .unwrap();
+        assert_eq!(c.pending_count(), 0);
+        assert!(c.drain_messages().contains(&(0, TaskMessage::Aborted(id))));
     }
 }

@@ -10,11 +10,53 @@ pub mod restore;
 
 use serde::{Deserialize, Serialize};
 
-pub use coordinator::CheckpointCoordinator;
+pub use coordinator::{CheckpointCoordinator, TaskMessage};
 pub use restore::{
     find_latest, list_checkpoints, load_checkpoint, load_from_path, CheckpointInfo,
     LoadedCheckpoint,
 };
+
+/// A checkpoint barrier: marks the point in a stream where checkpoint `id` was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Barrier {
+    /// Checkpoint id; ids only grow.
+    pub id: u64,
+    /// When the coordinator triggered the checkpoint (ms since the Unix epoch).
+    pub timestamp_ms: u64,
+    /// Never switch this checkpoint to unaligned. Set on the final checkpoint: everything
+    /// before it must be processed — and committed by sinks — before the job ends.
+    pub aligned_only: bool,
+}
+
+/// How tasks treat barriers of a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BarrierKind {
+    /// In-band, aligned (or tracked in at-least-once mode).
+    Aligned,
+    /// In-band, aligned, but switch to unaligned once `timeout_ms` passed since the trigger.
+    AlignedWithTimeout { timeout_ms: u64 },
+    /// Unaligned: overtakes in-flight data, which becomes channel state.
+    Unaligned,
+}
+
+/// Why a subtask declined a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeclineCause {
+    /// A newer checkpoint's barrier overtook this checkpoint's alignment. Not a failure: it
+    /// does not count toward `execution.checkpointing.tolerable-failed-checkpoints`.
+    Subsumed,
+    /// The subtask could not take part (its snapshot or upload failed).
+    Failed(String),
+}
+
+impl std::fmt::Display for DeclineCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeclineCause::Subsumed => f.write_str("subsumed by a newer checkpoint"),
+            DeclineCause::Failed(reason) => f.write_str(reason),
+        }
+    }
+}
 
 /// The state handle of one subtask of one operator.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

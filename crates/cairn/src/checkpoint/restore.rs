@@ -1,8 +1,9 @@
 //! Finding, validating and loading the checkpoint to restore from.
 //!
 //! A checkpoint is usable only if its `_metadata` and every state file it names decode with a
-//! matching format version and checksum. A torn or corrupt newest checkpoint is skipped for the
-//! previous one with a warning; restoring never reads garbage.
+//! matching format version and checksum; restoring never reads garbage. A checkpoint that never
+//! completed (no `_metadata`) is skipped with a warning; a *completed* one that fails validation
+//! stops the restore, because an older checkpoint would repeat output that sinks committed.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -203,37 +204,60 @@ fn checkpoint_ids(storage: &dyn CheckpointStorage, job_id: &str) -> Vec<u64> {
     ids
 }
 
-/// The newest usable checkpoint under a checkpoint directory (all jobs), skipping torn or
-/// corrupt ones with a warning.
+/// The newest completed checkpoint under a checkpoint directory (all jobs).
+///
+/// A checkpoint completed iff its `_metadata` exists (it is written last, atomically), and once
+/// it completed, sinks may have committed the output before it. So only directories without
+/// `_metadata` — checkpoints that never completed — are passed over (with a warning). If the
+/// newest completed checkpoint fails validation, the restore stops with an error: falling back
+/// to an older one would emit again what the sinks already committed. The user can still pick
+/// an older checkpoint explicitly, by path.
 pub fn find_latest(storage: &dyn CheckpointStorage) -> Result<Option<LoadedCheckpoint>, String> {
     let jobs = storage.list("").map_err(|e| e.to_string())?;
-    let mut candidates: Vec<(u64, u64, String)> = Vec::new();
+    let mut completed: Vec<(u64, u64, String)> = Vec::new();
+    let mut never_completed: Vec<(u64, String)> = Vec::new();
     for job in jobs {
         for id in checkpoint_ids(storage, &job) {
             if !storage.exists(&metadata_path(&job, id)).unwrap_or(false) {
+                never_completed.push((id, job.clone()));
                 continue;
             }
-            // Order by completion time. A metadata file that does not decode is tried first, so
-            // that skipping it is reported rather than silently passed over.
+            // Order by completion time. A metadata file that does not decode sorts newest: its
+            // checkpoint completed, and when is unknown, so it must not be passed over.
             let ts = storage
                 .read(&metadata_path(&job, id))
                 .ok()
                 .and_then(|b| decode::<CheckpointMetadata>(FileKind::Metadata, &b).ok())
                 .map_or(u64::MAX, |m| m.completed_timestamp_ms);
-            candidates.push((ts, id, job.clone()));
+            completed.push((ts, id, job.clone()));
         }
     }
-    candidates.sort();
-    while let Some((_, id, job)) = candidates.pop() {
-        match load_checkpoint(storage, &job, id) {
-            Ok(c) => return Ok(Some(c)),
-            Err(e) => warn!(
-                "skipping unusable checkpoint {}: {e}",
-                storage.location(&checkpoint_dir(&job, id))
-            ),
+    completed.sort();
+    let Some((_, id, job)) = completed.pop() else {
+        for (id, job) in &never_completed {
+            warn!(
+                "skipping checkpoint {}: it never completed (no _metadata)",
+                storage.location(&checkpoint_dir(job, *id))
+            );
+        }
+        return Ok(None);
+    };
+    for (other, other_job) in &never_completed {
+        if *other_job == job && *other > id {
+            warn!(
+                "skipping checkpoint {}: it never completed (no _metadata)",
+                storage.location(&checkpoint_dir(other_job, *other))
+            );
         }
     }
-    Ok(None)
+    load_checkpoint(storage, &job, id).map(Some).map_err(|e| {
+        format!(
+            "the newest completed checkpoint {} is unusable: {e}; restoring an older checkpoint \
+             would repeat output its sinks already committed, so nothing was restored \
+             (to resume from an older checkpoint anyway, pass it with --from PATH)",
+            storage.location(&checkpoint_dir(&job, id))
+        )
+    })
 }
 
 /// Loads the checkpoint at `path`: a `chk-<n>` directory or its `_metadata` file.
@@ -312,4 +336,116 @@ pub fn list_checkpoints(storage: &dyn CheckpointStorage) -> Result<Vec<Checkpoin
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{OperatorMetadata, SubtaskStateHandle};
+    use crate::storage::format::encode;
+    use crate::storage::MemoryStorage;
+
+    /// Writes a completed checkpoint `id` of job `job` with one state file, as the coordinator
+    /// would: state first, `_metadata` last.
+    fn write_checkpoint(storage: &MemoryStorage, job: &str, id: u64) {
+        let dir = checkpoint_dir(job, id);
+        let state = TaskStateFile {
+            operators: vec![OperatorStateData {
+                uid: "src".into(),
+                keyed: Vec::new(),
+                operator: vec![("splits".into(), vec![id.to_le_bytes().to_vec()])],
+                channel: None,
+            }],
+        };
+        let bytes = encode(FileKind::TaskState, &state).unwrap();
+        storage.write(&format!("{dir}/task-0-0"), &bytes).unwrap();
+        let meta = CheckpointMetadata {
+            job_id: job.into(),
+            job_name: "test".into(),
+            checkpoint_id: id,
+            trigger_timestamp_ms: id * 1000,
+            completed_timestamp_ms: id * 1000 + 10,
+            max_parallelism: 128,
+            operators: vec![OperatorMetadata {
+                uid: "src".into(),
+                parallelism: 1,
+                subtasks: vec![SubtaskStateHandle {
+                    subtask: 0,
+                    file: "task-0-0".into(),
+                }],
+            }],
+            state_size: bytes.len() as u64,
+            tasks: Vec::new(),
+        };
+        let bytes = encode(FileKind::Metadata, &meta).unwrap();
+        storage
+            .write_atomic(&metadata_path(job, id), &bytes)
+            .unwrap();
+    }
+
+    fn corrupt(storage: &MemoryStorage, path: &str) {
+        let mut bytes = storage.read(path).unwrap();
+        let i = bytes.len() / 2;
+        bytes[i] ^= 0xff;
+        storage.write(path, &bytes).unwrap();
+    }
+
+    #[test]
+    fn the_newest_completed_checkpoint_is_restored() {
+        let storage = MemoryStorage::new();
+        write_checkpoint(&storage, "job", 1);
+        write_checkpoint(&storage, "job", 2);
+        let c = find_latest(&storage).unwrap().unwrap();
+        assert_eq!(c.id(), 2);
+    }
+
+    #[test]
+    fn a_checkpoint_that_never_completed_is_skipped() {
+        let storage = MemoryStorage::new();
+        write_checkpoint(&storage, "job", 1);
+        // Checkpoint 2 was being written when the process died: state, no `_metadata`.
+        storage
+            .write(
+                &format!("{}/task-0-0", checkpoint_dir("job", 2)),
+                b"partial",
+            )
+            .unwrap();
+        let c = find_latest(&storage).unwrap().unwrap();
+        assert_eq!(c.id(), 1);
+    }
+
+    #[test]
+    fn a_completed_checkpoint_with_a_damaged_state_file_stops_the_restore() {
+        let storage = MemoryStorage::new();
+        write_checkpoint(&storage, "job", 1);
+        write_checkpoint(&storage, "job", 2);
+        let file = format!("{}/task-0-0", checkpoint_dir("job", 2));
+        corrupt(&storage, &file);
+        let err = find_latest(&storage)
+            .map(|c| c.map(|c| c.id()))
+            .unwrap_err();
+        assert!(
+            err.contains(&storage.location(&file)),
+            "names the file: {err}"
+        );
+        assert!(err.contains("would repeat output"), "{err}");
+        // The older checkpoint is still there, for a user who picks it knowingly.
+        assert_eq!(load_checkpoint(&storage, "job", 1).unwrap().id(), 1);
+    }
+
+    #[test]
+    fn a_completed_checkpoint_with_damaged_metadata_stops_the_restore() {
+        let storage = MemoryStorage::new();
+        write_checkpoint(&storage, "job", 1);
+        write_checkpoint(&storage, "job", 2);
+        corrupt(&storage, &metadata_path("job", 2));
+        let err = find_latest(&storage)
+            .map(|c| c.map(|c| c.id()))
+            .unwrap_err();
+        assert!(
+            err.contains(&storage.location(&metadata_path("job", 2))),
+            "names the file: {err}"
+        );
+        assert!(err.contains("would repeat output"), "{err}");
+    }
 }

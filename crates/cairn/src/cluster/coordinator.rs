@@ -17,7 +17,7 @@ use super::JobFactory;
 use crate::checkpoint::coordinator::TaskInfo;
 use crate::error::TaskError;
 use crate::runtime::channel::{ControlMail, MailboxHandle, RemoteMailbox};
-use crate::runtime::job::{plan, DeployRequest, Deployed, Executor};
+use crate::runtime::job::{plan, DeployRequest, Deployed, DeployedTask, Executor};
 use crate::runtime::status::JobStatus;
 use crate::runtime::task::JobEvent;
 use crate::runtime::{run_job_with, JobError, RestoreFrom, RunOptions};
@@ -394,13 +394,11 @@ fn route_event(inner: &Inner, job_id: &str, event: WireEvent) {
         WireEvent::Decline {
             checkpoint_id,
             attempt,
-            kind,
-            reason,
+            cause,
         } => JobEvent::Decline {
             checkpoint_id,
             attempt,
-            kind,
-            reason,
+            cause,
         },
         WireEvent::SourceExhausted { attempt, task } => JobEvent::SourceExhausted { attempt, task },
         WireEvent::Exited {
@@ -477,7 +475,7 @@ struct ClusterDeployment {
     job_id: String,
     attempt: u32,
     workers: Vec<(u32, Writer)>,
-    infos: Vec<TaskInfo>,
+    infos: Vec<DeployedTask>,
 }
 
 impl Executor for ClusterExecutor {
@@ -586,18 +584,20 @@ impl Executor for ClusterExecutor {
                     .find(|(id, _)| *id == assignment[task])
                     .map(|(_, w)| w.clone())
                     .unwrap_or_else(|| writers[0].1.clone());
-                TaskInfo {
-                    index: task,
-                    name: d.name,
-                    subtask: d.subtask,
-                    is_source: d.is_source,
+                DeployedTask {
+                    info: TaskInfo {
+                        index: task,
+                        name: d.name,
+                        subtask: d.subtask,
+                        is_source: d.is_source,
+                        operators: d.operators,
+                    },
                     mailbox: MailboxHandle::Remote(Arc::new(RemoteTask {
                         writer,
                         job_id: self.job_id.clone(),
                         attempt: req.attempt,
                         task,
                     })),
-                    operators: d.operators,
                 }
             })
             .collect();
@@ -616,7 +616,7 @@ impl Executor for ClusterExecutor {
 }
 
 impl Deployed for ClusterDeployment {
-    fn infos(&self) -> &[TaskInfo] {
+    fn infos(&self) -> &[DeployedTask] {
         &self.infos
     }
 

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Version of the wire protocol.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Largest frame accepted (payload plus version byte).
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 

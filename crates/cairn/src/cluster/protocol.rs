@@ -5,9 +5,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::TaskAck;
+use crate::checkpoint::{DeclineCause, TaskAck};
 use crate::runtime::channel::{ControlMail, DataFrame};
-use crate::runtime::gate::DeclineKind;
 
 /// Worker → coordinator.
 #[derive(Debug, Serialize, Deserialize)]
@@ -50,10 +49,8 @@ pub enum WireEvent {
         checkpoint_id: u64,
         /// Attempt.
         attempt: u32,
-        /// Why, as a kind (a subsumed checkpoint is no failure).
-        kind: DeclineKind,
         /// Why.
-        reason: String,
+        cause: DeclineCause,
     },
     /// A source read all its splits.
     SourceExhausted {

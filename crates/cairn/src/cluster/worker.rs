@@ -432,13 +432,11 @@ fn deploy_attempt(
                     JobEvent::Decline {
                         checkpoint_id,
                         attempt,
-                        kind,
-                        reason,
+                        cause,
                     } => WireEvent::Decline {
                         checkpoint_id,
                         attempt,
-                        kind,
-                        reason,
+                        cause,
                     },
                     JobEvent::SourceExhausted { attempt, task } => {
                         WireEvent::SourceExhausted { attempt, task }

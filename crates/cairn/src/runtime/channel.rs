@@ -23,28 +23,7 @@ pub const BATCH_RECORDS_MAX: usize = 1024;
 /// Number of batches a channel may have queued at its receiver.
 pub const CHANNEL_CREDITS_MAX: usize = 8;
 
-/// A checkpoint barrier: marks the point in a stream where checkpoint `id` was taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Barrier {
-    /// Checkpoint id; ids only grow.
-    pub id: u64,
-    /// When the coordinator triggered the checkpoint (ms since the Unix epoch).
-    pub timestamp_ms: u64,
-    /// Never switch this checkpoint to unaligned. Set on the final checkpoint: everything
-    /// before it must be processed — and committed by sinks — before the job ends.
-    pub aligned_only: bool,
-}
-
-/// How tasks treat barriers of a checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum BarrierKind {
-    /// In-band, aligned (or tracked in at-least-once mode).
-    Aligned,
-    /// In-band, aligned, but switch to unaligned once `timeout_ms` passed since the trigger.
-    AlignedWithTimeout { timeout_ms: u64 },
-    /// Unaligned: overtakes in-flight data, which becomes channel state.
-    Unaligned,
-}
+pub use crate::checkpoint::{Barrier, BarrierKind};
 
 /// What travels on a channel.
 pub enum Element {

@@ -37,7 +37,7 @@
 //! never switches: everything before it must be processed, and committed, before the job ends.
 //!
 //! A barrier with a higher id than the pending one cancels it (the older checkpoint is
-//! declined as [`DeclineKind::Subsumed`]); barriers older than the newest seen are stale and
+//! declined as [`DeclineCause::Subsumed`], which is not a failed checkpoint); barriers older than the newest seen are stale and
 //! ignored.
 //!
 //! **End of input.** A task whose inputs all ended still holds the pre-committed transactions of
@@ -50,6 +50,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::channel::{Barrier, BarrierKind, Element};
+use crate::checkpoint::DeclineCause;
 
 /// The time, as an input: the monotonic instant (timers) and the wall clock in ms since the
 /// Unix epoch (barrier timestamps).
@@ -69,16 +70,6 @@ pub enum AlignmentMode {
     Aligned,
     /// At-least-once: never block; snapshot when the barrier arrived on all channels.
     Tracking,
-}
-
-/// Why a subtask declines a checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum DeclineKind {
-    /// A newer barrier overtook the alignment: the newer checkpoint subsumes this one. As in
-    /// Flink, this does not count toward `tolerable-failed-checkpoints`.
-    Subsumed,
-    /// The subtask could not take or persist its snapshot.
-    Failed,
 }
 
 /// What the driver must do, in the order returned.
@@ -122,8 +113,8 @@ pub enum GateAction {
     Decline {
         /// Checkpoint id.
         id: u64,
-        /// Why.
-        kind: DeclineKind,
+        /// Why: the gate declines only checkpoints a newer one subsumed.
+        cause: DeclineCause,
     },
     /// Checkpoint `id` completed: tell the chain (sinks commit).
     NotifyComplete {
@@ -594,7 +585,7 @@ impl InputGate {
             Some(p) if barrier.id > p.barrier.id => {
                 actions.push(GateAction::Decline {
                     id: p.barrier.id,
-                    kind: DeclineKind::Subsumed,
+                    cause: DeclineCause::Subsumed,
                 });
                 self.pending = None;
                 self.unblock_all();
@@ -952,7 +943,7 @@ mod tests {
             gate.on_barrier(1, b(2), t0()),
             vec![GateAction::Decline {
                 id: 1,
-                kind: DeclineKind::Subsumed
+                cause: DeclineCause::Subsumed
             }]
         );
         assert!(!gate.is_blocked(0));
@@ -1123,7 +1114,7 @@ mod tests {
             gate.on_priority_barrier(1, b(2), 0, t0())[0],
             GateAction::Decline {
                 id: 1,
-                kind: DeclineKind::Subsumed
+                cause: DeclineCause::Subsumed
             }
         );
     }

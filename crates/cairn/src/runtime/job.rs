@@ -25,6 +25,7 @@ use crate::api::{EdgeOutput, EdgePartition, JobGraph, NodeKind, SubtaskInit};
 use crate::checkpoint::coordinator::{CheckpointSettings, CompletedCheckpoint, TaskInfo};
 use crate::checkpoint::{
     find_latest, load_checkpoint, load_from_path, CheckpointCoordinator, LoadedCheckpoint,
+    TaskMessage,
 };
 use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig, StateBackendKind};
 use crate::error::TaskError;
@@ -256,6 +257,15 @@ pub struct TaskDescription {
     pub operators: Vec<(String, u32)>,
 }
 
+/// A deployed subtask: what the coordinator knows of it, and how to reach its mailbox.
+#[derive(Debug, Clone)]
+pub struct DeployedTask {
+    /// The subtask as the checkpoint coordinator sees it.
+    pub info: TaskInfo,
+    /// Its mailbox (control path).
+    pub mailbox: MailboxHandle,
+}
+
 /// Where the subtasks of an attempt run, seen from one process.
 pub struct Placement {
     /// Per global task index: whether this process runs it.
@@ -380,13 +390,13 @@ pub struct Deployment {
     mailboxes: Vec<MailboxHandle>,
     credits: Vec<Arc<Credit>>,
     uploaders: Vec<JoinHandle<()>>,
-    infos: Vec<TaskInfo>,
+    infos: Vec<DeployedTask>,
 }
 
 /// A running attempt, as the job master sees it.
 pub trait Deployed: Send {
     /// Every subtask, in global order.
-    fn infos(&self) -> &[TaskInfo];
+    fn infos(&self) -> &[DeployedTask];
     /// Stops every subtask and waits until they stopped.
     fn cancel(self: Box<Self>);
     /// Waits for subtasks that are finishing on their own.
@@ -415,7 +425,7 @@ impl Executor for LocalExecutor {
 }
 
 impl Deployed for Deployment {
-    fn infos(&self) -> &[TaskInfo] {
+    fn infos(&self) -> &[DeployedTask] {
         &self.infos
     }
     fn cancel(self: Box<Self>) {
@@ -646,17 +656,19 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
             let Some(mailbox) = mail_tx[global].clone() else {
                 return Err(TaskError::msg("mailbox missing for a local task"));
             };
-            infos.push(TaskInfo {
-                index: global,
-                name: v.name.clone(),
-                subtask: i,
-                is_source: v.is_source,
+            infos.push(DeployedTask {
+                info: TaskInfo {
+                    index: global,
+                    name: v.name.clone(),
+                    subtask: i,
+                    is_source: v.is_source,
+                    operators: v
+                        .nodes
+                        .iter()
+                        .map(|&x| (graph.nodes()[x].uid.clone(), plan.node_parallelism[x]))
+                        .collect(),
+                },
                 mailbox: MailboxHandle::Local(mailbox),
-                operators: v
-                    .nodes
-                    .iter()
-                    .map(|&x| (graph.nodes()[x].uid.clone(), plan.node_parallelism[x]))
-                    .collect(),
             });
         }
     }
@@ -900,6 +912,7 @@ pub fn run_job_with(
             graph.name().to_string(),
             plan.max_parallelism,
             min_next,
+            (Instant::now(), crate::checkpoint::now_ms()),
         );
         if claimed {
             if let Some(r) = &restored {
@@ -957,7 +970,7 @@ pub fn run_job_with(
         }
         init_sinks(graph, restored.as_ref(), |_| true)?;
         status.set_state(JobState::Running);
-        let mut infos: Vec<Option<TaskInfo>> = vec![None; total];
+        let mut infos: Vec<Option<DeployedTask>> = vec![None; total];
         let mut task_attempt = vec![u32::MAX; total];
         let mut deployments: Vec<Option<Box<dyn Deployed>>> =
             (0..regions.len()).map(|_| None).collect();
@@ -974,8 +987,8 @@ pub fn run_job_with(
                 &mut task_attempt,
             ) {
                 Ok(d) => {
-                    for info in d.infos() {
-                        infos[info.index] = Some(info.clone());
+                    for t in d.infos() {
+                        infos[t.info.index] = Some(t.clone());
                     }
                     deployments[r] = Some(d);
                 }
@@ -999,16 +1012,21 @@ pub fn run_job_with(
             std::thread::sleep(delay);
             continue;
         }
-        let Some(mut all_infos) = infos.iter().cloned().collect::<Option<Vec<TaskInfo>>>() else {
+        let Some(mut all_infos) = infos.into_iter().collect::<Option<Vec<DeployedTask>>>() else {
             return Err(JobError::Setup("some subtasks were not deployed".into()));
         };
         if let Some(c) = coordinator.as_mut() {
-            c.set_tasks(all_infos.clone(), task_attempt.clone());
+            c.set_tasks(
+                coordinator_tasks(&all_infos),
+                task_attempt.clone(),
+                Instant::now(),
+            );
+            deliver(c, &all_infos);
         }
         let sources: Vec<usize> = all_infos
             .iter()
-            .filter(|t| t.is_source)
-            .map(|t| t.index)
+            .filter(|t| t.info.is_source)
+            .map(|t| t.info.index)
             .collect();
         let mut exhausted = vec![false; total];
         let mut exited = vec![false; total];
@@ -1039,7 +1057,9 @@ pub fn run_job_with(
             match event {
                 Some(JobEvent::Ack(ack)) => {
                     if let Some(c) = coordinator.as_mut() {
-                        match c.on_ack(ack) {
+                        let result = c.on_ack(ack, Instant::now());
+                        deliver(c, &all_infos);
+                        match result {
                             Ok(done) => {
                                 if let Some(f) = final_checkpoint {
                                     if !end_sent && done.iter().any(|&d| d >= f) {
@@ -1057,11 +1077,12 @@ pub fn run_job_with(
                 Some(JobEvent::Decline {
                     checkpoint_id,
                     attempt: a,
-                    reason,
-                    ..
+                    cause,
                 }) => {
                     if let Some(c) = coordinator.as_mut() {
-                        if let Err(e) = c.on_decline(checkpoint_id, a, &reason) {
+                        let result = c.on_decline(checkpoint_id, a, &cause, Instant::now());
+                        deliver(c, &all_infos);
+                        if let Err(e) = result {
                             failure = Some((e.to_string(), None));
                         }
                     }
@@ -1132,13 +1153,18 @@ pub fn run_job_with(
                             &mut task_attempt,
                         ) {
                             Ok(d) => {
-                                for info in d.infos() {
-                                    all_infos[info.index] = info.clone();
+                                for t in d.infos() {
+                                    all_infos[t.info.index] = t.clone();
                                 }
                                 deployments[r] = Some(d);
                                 final_checkpoint = None;
                                 if let Some(c) = coordinator.as_mut() {
-                                    c.set_tasks(all_infos.clone(), task_attempt.clone());
+                                    c.set_tasks(
+                                        coordinator_tasks(&all_infos),
+                                        task_attempt.clone(),
+                                        Instant::now(),
+                                    );
+                                    deliver(c, &all_infos);
                                 }
                                 status.set_state(JobState::Running);
                             }
@@ -1156,7 +1182,10 @@ pub fn run_job_with(
                 break AttemptEnd::Canceled;
             }
             if let Some(c) = coordinator.as_mut() {
-                if let Err(e) = c.check_timeouts() {
+                let now = Instant::now();
+                let timeouts = c.check_timeouts(now);
+                deliver(c, &all_infos);
+                if let Err(e) = timeouts {
                     break AttemptEnd::Failed(e.to_string());
                 }
                 if let Some(f) = final_checkpoint {
@@ -1169,10 +1198,11 @@ pub fn run_job_with(
                 let all_exhausted = sources.iter().all(|&s| exhausted[s]);
                 tracing::trace!(?exhausted, "sources exhausted");
                 if all_exhausted && final_checkpoint.is_none() {
-                    final_checkpoint = c.maybe_trigger(true);
+                    final_checkpoint = c.maybe_trigger(now, true);
                 } else if final_checkpoint.is_none() {
-                    c.maybe_trigger(false);
+                    c.maybe_trigger(now, false);
                 }
+                deliver(c, &all_infos);
             }
             if let Some(c) = &coordinator {
                 sync_status(&status, c);
@@ -1292,8 +1322,8 @@ impl Deployer<'_> {
             tasks: Some(mask),
         };
         let d = executor.deploy(&req)?;
-        for info in d.infos() {
-            task_attempt[info.index] = attempt;
+        for t in d.infos() {
+            task_attempt[t.info.index] = attempt;
         }
         Ok(d)
     }
@@ -1352,6 +1382,24 @@ fn init_sinks(
         }
     }
     Ok(())
+}
+
+/// What the coordinator knows of the deployed subtasks.
+fn coordinator_tasks(tasks: &[DeployedTask]) -> Vec<TaskInfo> {
+    tasks.iter().map(|t| t.info.clone()).collect()
+}
+
+/// Sends the coordinator's queued messages to the subtasks' mailboxes. A closed mailbox means
+/// the subtask is gone; its attempt is failing anyway.
+fn deliver(c: &mut CheckpointCoordinator, tasks: &[DeployedTask]) {
+    for (task, message) in c.drain_messages() {
+        let Some(t) = tasks.get(task) else { continue };
+        let _ = t.mailbox.send(match message {
+            TaskMessage::Trigger(b, kind) => Mail::TriggerCheckpoint(b, kind),
+            TaskMessage::Complete(id) => Mail::CheckpointComplete(id),
+            TaskMessage::Aborted(id) => Mail::CheckpointAborted(id),
+        });
+    }
 }
 
 fn sync_status(status: &JobStatus, c: &CheckpointCoordinator) {

@@ -13,10 +13,10 @@ use crossbeam_channel::{Receiver, Select, Sender, TryRecvError};
 
 use super::chain::{Event, SourceStatus, TaskBody};
 use super::channel::{Barrier, CreditReturn, Element, Mail};
-use super::gate::{DeclineKind, GateAction, InputGate, Now};
+use super::gate::{GateAction, InputGate, Now};
 use super::inject::FailureInjector;
 use crate::checkpoint::restore::TaskStateFile;
-use crate::checkpoint::{now_ms, TaskAck, TaskCheckpointStats};
+use crate::checkpoint::{now_ms, DeclineCause, TaskAck, TaskCheckpointStats};
 use crate::error::{TaskError, TaskResult};
 use crate::state::{ChannelStateData, OperatorSnapshot};
 use crate::storage::format::{encode, FileKind};
@@ -35,9 +35,7 @@ pub enum JobEvent {
     Decline {
         checkpoint_id: u64,
         attempt: u32,
-        /// Why, as a kind: a subsumed checkpoint does not count as a failure.
-        kind: DeclineKind,
-        reason: String,
+        cause: DeclineCause,
     },
     /// A source subtask read all its splits.
     SourceExhausted { attempt: u32, task: usize },
@@ -106,11 +104,10 @@ pub fn run_uploader(
             Err(e) => JobEvent::Decline {
                 checkpoint_id: id,
                 attempt: job.attempt,
-                kind: DeclineKind::Failed,
-                reason: format!(
+                cause: DeclineCause::Failed(format!(
                     "subtask '{}' could not persist its state: {e}",
                     job.stats.task
-                ),
+                )),
             },
         };
         if events.send(event).is_err() {
@@ -294,18 +291,14 @@ impl TaskRuntime {
                 }
                 self.body.notify_aborted(id)
             }
-            GateAction::Decline { id, kind } => {
+            GateAction::Decline { id, cause } => {
                 if self.held.as_ref().is_some_and(|j| j.checkpoint_id == id) {
                     self.held = None;
                 }
                 let _ = self.events.send(JobEvent::Decline {
                     checkpoint_id: id,
                     attempt: self.attempt,
-                    kind,
-                    reason: format!(
-                        "subtask '{}' #{} saw a newer barrier while aligning",
-                        self.name, self.subtask
-                    ),
+                    cause,
                 });
                 Ok(())
             }

@@ -16,8 +16,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::coordinator::{Coordinator, Out};
+use crate::checkpoint::DeclineCause;
 use crate::runtime::channel::{Barrier, BarrierKind, Element};
-use crate::runtime::gate::{AlignmentMode, DeclineKind, Flaw, GateAction, InputGate, Now};
+use crate::runtime::gate::{AlignmentMode, Flaw, GateAction, InputGate, Now};
 
 /// Source subtasks.
 pub(crate) const SOURCES: usize = 2;
@@ -591,11 +592,11 @@ impl World {
                     self.tasks[task].held = None;
                 }
             }
-            GateAction::Decline { id, kind } => {
+            GateAction::Decline { id, cause } => {
                 if self.tasks[task].held.as_ref().is_some_and(|h| h.0 == id) {
                     self.tasks[task].held = None;
                 }
-                debug_assert_eq!(kind, DeclineKind::Subsumed);
+                debug_assert_eq!(cause, DeclineCause::Subsumed);
                 self.count("subsumed declines");
                 self.events.push_back(Event::Decline {
                     attempt: self.attempt,
