@@ -22,7 +22,7 @@
 //! - `CAIRN_SIM_SEED=<seed> cargo test --release -p cairn --lib sim::tests::every` replays one
 //!   seed and prints its trace.
 
-mod coordinator;
+mod storage;
 mod world;
 
 use std::collections::BTreeMap;
@@ -181,6 +181,7 @@ mod tests {
             "promoted barriers",
             "batches captured while queued",
             "subsumed declines",
+            "crashes during a _metadata write",
             "lost completions",
         ] {
             assert!(
@@ -244,6 +245,12 @@ mod tests {
             &[Mode::AlignedTimeout],
             2_000,
         );
+    }
+
+    /// Defect 3.7: a subsumed checkpoint is not a failed one (concurrent runs tolerate none).
+    #[test]
+    fn finds_a_subsumed_checkpoint_counted_as_failed() {
+        finds(Planted::SubsumedAsFailed, &[Mode::Concurrent], 2_000);
     }
 
     /// Defect 3.2: a sink must not finish before it learns that the final checkpoint completed.

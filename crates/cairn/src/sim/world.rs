@@ -7,18 +7,26 @@
 //! sink whose transactions are pre-committed at the barrier and committed when the checkpoint
 //! completes), the channels (per-channel FIFO, credits, priority barriers that overtake data),
 //! the control path (trigger, complete, abort, end of input — another path than data, so any
-//! interleaving with data is possible; completions may be lost), the uploader, the storage (a
-//! checkpoint exists once its `_metadata` is written) and the external system the sinks commit
-//! to, which survives everything.
+//! interleaving with data is possible; completions may be lost), the uploader, and the external
+//! system the sinks commit to, which survives everything. The checkpoint coordinator is the real
+//! one, on the real storage trait (in memory, able to die during a `_metadata` write); a crash
+//! replaces it with a new one, as a new process would.
 
 use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::coordinator::{Coordinator, Out};
-use crate::checkpoint::DeclineCause;
+use std::sync::Arc;
+
+use super::storage::FaultyStorage;
+use crate::checkpoint::coordinator::{
+    CheckpointCoordinator, CheckpointSettings, TaskInfo, TaskMessage,
+};
+use crate::checkpoint::{DeclineCause, TaskAck, TaskCheckpointStats};
 use crate::runtime::channel::{Barrier, BarrierKind, Element};
 use crate::runtime::gate::{AlignmentMode, Flaw, GateAction, InputGate, Now};
+use crate::storage::layout::{checkpoint_dir, metadata_path};
+use crate::storage::CheckpointStorage;
 
 /// Source subtasks.
 pub(crate) const SOURCES: usize = 2;
@@ -35,6 +43,8 @@ const STEPS_MAX: usize = 40_000;
 const INTERVAL_MS: u64 = 6;
 /// A checkpoint not complete after this long is aborted (simulated ms).
 const CHECKPOINT_TIMEOUT_MS: u64 = 300;
+/// The job's directory in the checkpoint storage.
+const JOB: &str = "sim-job";
 
 /// The checkpoint mode of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +79,9 @@ pub(crate) enum Planted {
     Handler(Flaw),
     /// The sink commits its transaction at pre-commit instead of on completion.
     CommitAtPreCommit,
+    /// A subsumed checkpoint is reported as failed (defect 3.7: the job then fails once more
+    /// declines than `tolerable-failed-checkpoints` pile up).
+    SubsumedAsFailed,
 }
 
 /// One run's settings.
@@ -101,8 +114,8 @@ pub(crate) enum State {
     Source(usize),
     /// Count per key.
     Counter(BTreeMap<u64, u64>),
-    /// Pre-committed, not yet committed transactions: (checkpoint id, output).
-    Sink(Vec<(u64, Vec<(u64, u64)>)>),
+    /// Pre-committed, not yet committed transactions: (transaction, output).
+    Sink(Vec<(Txn, Vec<(u64, u64)>)>),
 }
 
 /// One task's part of a checkpoint.
@@ -112,6 +125,10 @@ pub(crate) struct Snap {
     /// In-flight batches per input channel (unaligned), serialized.
     channels: Vec<(usize, Vec<Vec<u8>>)>,
 }
+
+/// A sink transaction: the checkpoint that pre-committed it and the attempt (a crashed
+/// coordinator's successor may reuse the id of a checkpoint that left no file).
+type Txn = (u64, u32);
 
 enum Body {
     Source {
@@ -125,7 +142,7 @@ enum Body {
     },
     Sink {
         current: Vec<(u64, u64)>,
-        pre_committed: Vec<(u64, Vec<(u64, u64)>)>,
+        pre_committed: Vec<(Txn, Vec<(u64, u64)>)>,
     },
 }
 
@@ -172,11 +189,11 @@ enum Event {
         attempt: u32,
         task: usize,
         id: u64,
-        snap: Snap,
     },
     Decline {
         attempt: u32,
         id: u64,
+        cause: DeclineCause,
     },
     Exhausted {
         attempt: u32,
@@ -202,7 +219,6 @@ enum Choice {
     Capture(usize),
     Upload,
     Master,
-    Metadata,
     Tick,
     FailTask(usize),
     Crash,
@@ -221,11 +237,15 @@ pub(crate) struct World {
     input: Vec<Vec<u64>>,
     uploads: VecDeque<(u32, usize, u64, Snap)>,
     events: VecDeque<Event>,
-    coordinator: Coordinator,
-    /// Completed checkpoints (their `_metadata` is written); survives crashes.
-    storage: BTreeMap<u64, Vec<Snap>>,
+    settings: CheckpointSettings,
+    coordinator: CheckpointCoordinator,
+    /// Survives crashes.
+    storage: FaultyStorage,
+    /// The content of the task state files, by (checkpoint, task): `storage` holds the files.
+    files: BTreeMap<(u64, usize), Snap>,
+    completed: usize,
     /// What the sinks committed, by (sink, transaction); survives everything.
-    external: BTreeMap<(usize, u64), Vec<(u64, u64)>>,
+    external: BTreeMap<(usize, Txn), Vec<(u64, u64)>>,
     exhausted: Vec<bool>,
     exited: usize,
     final_id: Option<u64>,
@@ -248,6 +268,26 @@ fn is_counter(t: usize) -> bool {
 
 fn sink_of(counter: usize) -> usize {
     counter + COUNTERS
+}
+
+fn new_coordinator(
+    settings: &CheckpointSettings,
+    storage: &FaultyStorage,
+    base: Instant,
+) -> CheckpointCoordinator {
+    CheckpointCoordinator::new(
+        settings.clone(),
+        Arc::new(storage.clone()),
+        JOB.into(),
+        "sim".into(),
+        128,
+        1,
+        (base, 0),
+    )
+}
+
+fn uid(task: usize) -> String {
+    format!("op-{task}")
 }
 
 fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
@@ -306,10 +346,29 @@ impl World {
             connect(SOURCES + k, sink_of(SOURCES + k), &mut channels);
         }
         let failure_budget = rng.u32(0..=2);
+        // Concurrent runs tolerate no failed checkpoint: a subsumed one (declined when a newer
+        // barrier overtakes its alignment) must not count as failed.
+        let (timeout, tolerable_failed) = if cfg.mode == Mode::Concurrent {
+            (Duration::from_secs(3600), 0)
+        } else {
+            (Duration::from_millis(CHECKPOINT_TIMEOUT_MS), u32::MAX)
+        };
+        let settings = CheckpointSettings {
+            interval: Duration::from_millis(INTERVAL_MS),
+            timeout,
+            min_pause: Duration::ZERO,
+            max_concurrent: max_concurrent as u32,
+            tolerable_failed,
+            num_retained: 2,
+            barrier_kind: kind,
+        };
+        let base = Instant::now();
+        let storage = FaultyStorage::default();
+        let coordinator = new_coordinator(&settings, &storage, base);
         let mut w = World {
             cfg,
             rng,
-            base: Instant::now(),
+            base,
             now_ms: 0,
             attempt: 0,
             tasks: Vec::new(),
@@ -319,8 +378,11 @@ impl World {
             input,
             uploads: VecDeque::new(),
             events: VecDeque::new(),
-            coordinator: Coordinator::new(kind, max_concurrent, INTERVAL_MS, CHECKPOINT_TIMEOUT_MS),
-            storage: BTreeMap::new(),
+            settings,
+            coordinator,
+            storage,
+            files: BTreeMap::new(),
+            completed: 0,
             external: BTreeMap::new(),
             exhausted: vec![false; SOURCES],
             exited: 0,
@@ -364,7 +426,7 @@ impl World {
     /// Deploys every task of a new attempt from the latest completed checkpoint; sinks commit
     /// that checkpoint's pre-committed transactions and drop the rest.
     fn deploy(&mut self) {
-        let restored = self.storage.last_key_value().map(|(_, s)| s.clone());
+        let restored = self.latest_completed();
         for ch in &mut self.channels {
             ch.queue.clear();
             ch.outstanding = 0;
@@ -376,7 +438,7 @@ impl World {
         } else {
             AlignmentMode::Aligned
         };
-        let timeout = match self.coordinator.kind() {
+        let timeout = match self.settings.barrier_kind {
             BarrierKind::AlignedWithTimeout { timeout_ms } => {
                 Some(Duration::from_millis(timeout_ms))
             }
@@ -436,26 +498,47 @@ impl World {
         self.exited = 0;
         self.final_id = None;
         self.end_sent = false;
-        self.coordinator.deployed(self.now_ms);
+        let infos = (0..TASKS)
+            .map(|t| TaskInfo {
+                index: t,
+                name: format!("task {t}"),
+                subtask: 0,
+                is_source: is_source(t),
+                operators: vec![(uid(t), 1)],
+            })
+            .collect();
+        let at = self.now().at;
+        self.coordinator
+            .set_tasks(infos, vec![self.attempt; TASKS], at);
+        self.deliver();
+    }
+
+    /// The task snapshots of the newest checkpoint whose `_metadata` exists.
+    fn latest_completed(&self) -> Option<Vec<Snap>> {
+        let mut ids: Vec<u64> = self.files.keys().map(|k| k.0).collect();
+        ids.dedup();
+        let id = ids.into_iter().rev().find(|&id| {
+            self.storage
+                .exists(&metadata_path(JOB, id))
+                .unwrap_or(false)
+        })?;
+        (0..TASKS)
+            .map(|t| self.files.get(&(id, t)).cloned())
+            .collect()
     }
 
     /// A new attempt after a failure (`crash`: the whole process died, with everything in flight).
     fn restart(&mut self, crash: bool) {
         self.count(if crash { "crashes" } else { "task failures" });
         if crash {
+            // A new process: nothing in flight survives, and a new coordinator starts from
+            // what the storage holds.
             self.uploads.clear();
-            self.coordinator.crash();
-        } else {
-            // The coordinator writes `_metadata` synchronously on the last ack: a failure
-            // reported after it finds the checkpoint complete.
-            while self.coordinator.has_metadata_pending() {
-                self.write_metadata();
-            }
+            self.coordinator = new_coordinator(&self.settings, &self.storage, self.base);
         }
         self.events.clear();
         self.restarts += 1;
         self.attempt += 1;
-        self.coordinator.abort_all();
         self.deploy();
     }
 
@@ -463,23 +546,27 @@ impl World {
         self.tasks[task].control.push_back(c);
     }
 
-    fn deliver_out(&mut self, outs: Vec<Out>) {
-        for o in outs {
-            match o {
-                Out::Trigger(b, kind) => {
-                    for s in 0..SOURCES {
-                        self.send_control(s, Control::Trigger(b, kind));
+    /// Delivers the coordinator's messages on the control path; a completion notification
+    /// other than the final checkpoint's may be lost (a later one subsumes it).
+    fn deliver(&mut self) {
+        for (t, m) in self.coordinator.drain_messages() {
+            let c = match m {
+                TaskMessage::Trigger(b, kind) => Control::Trigger(b, kind),
+                TaskMessage::Complete(id) => {
+                    if self.final_id != Some(id) && self.rng.u32(0..8) == 0 {
+                        self.count("lost completions");
+                        continue;
                     }
+                    Control::Complete(id)
                 }
-                Out::Aborted(id) => {
+                TaskMessage::Aborted(id) => {
                     if self.final_id == Some(id) {
                         self.final_id = None;
                     }
-                    for t in 0..TASKS {
-                        self.send_control(t, Control::Aborted(id));
-                    }
+                    Control::Aborted(id)
                 }
-            }
+            };
+            self.send_control(t, c);
         }
     }
 
@@ -531,6 +618,7 @@ impl World {
 
     fn state_of(&mut self, task: usize, id: u64) -> State {
         let commit_now = self.cfg.planted == Some(Planted::CommitAtPreCommit);
+        let txn = (id, self.attempt);
         match &mut self.tasks[task].body {
             Body::Source { pos, .. } => State::Source(*pos),
             Body::Counter { counts } => State::Counter(counts.clone()),
@@ -538,11 +626,11 @@ impl World {
                 current,
                 pre_committed,
             } => {
-                let txn = std::mem::take(current);
+                let out = std::mem::take(current);
                 if commit_now {
-                    self.external.insert((task, id), txn);
-                } else if !txn.is_empty() {
-                    pre_committed.push((id, txn));
+                    self.external.insert((task, txn), out);
+                } else if !out.is_empty() {
+                    pre_committed.push((txn, out));
                 }
                 State::Sink(pre_committed.clone())
             }
@@ -596,18 +684,28 @@ impl World {
                 if self.tasks[task].held.as_ref().is_some_and(|h| h.0 == id) {
                     self.tasks[task].held = None;
                 }
-                debug_assert_eq!(cause, DeclineCause::Subsumed);
-                self.count("subsumed declines");
+                let cause = match cause {
+                    DeclineCause::Subsumed => {
+                        self.count("subsumed declines");
+                        if self.cfg.planted == Some(Planted::SubsumedAsFailed) {
+                            DeclineCause::Failed("planted".into())
+                        } else {
+                            DeclineCause::Subsumed
+                        }
+                    }
+                    failed => failed,
+                };
                 self.events.push_back(Event::Decline {
                     attempt: self.attempt,
                     id,
+                    cause,
                 });
             }
             GateAction::NotifyComplete { id } => {
                 if let Body::Sink { pre_committed, .. } = &mut self.tasks[task].body {
                     let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(pre_committed)
                         .into_iter()
-                        .partition(|(t, _)| *t <= id);
+                        .partition(|(t, _)| t.0 <= id);
                     *pre_committed = keep;
                     for (txn, out) in done {
                         self.external.entry((task, txn)).or_insert(out);
@@ -796,9 +894,6 @@ impl World {
         if !self.events.is_empty() {
             out.push(Choice::Master);
         }
-        if self.coordinator.has_metadata_pending() {
-            out.push(Choice::Metadata);
-        }
     }
 
     pub(crate) fn run(mut self) -> Outcome {
@@ -833,7 +928,7 @@ impl World {
         Outcome {
             steps,
             restarts: self.restarts,
-            completed: self.storage.len(),
+            completed: self.completed,
             violation: self.violation,
             trace: self.trace,
             stats: self.stats,
@@ -877,16 +972,15 @@ impl World {
             Choice::Capture(t) => self.capture(t),
             Choice::Upload => {
                 if let Some((attempt, task, id, snap)) = self.uploads.pop_front() {
-                    self.events.push_back(Event::Ack {
-                        attempt,
-                        task,
-                        id,
-                        snap,
-                    });
+                    let path = format!("{}/task-{task}", checkpoint_dir(JOB, id));
+                    if let Err(e) = self.storage.write(&path, b"state") {
+                        return self.violate(format!("upload failed: {e}"));
+                    }
+                    self.files.insert((id, task), snap);
+                    self.events.push_back(Event::Ack { attempt, task, id });
                 }
             }
             Choice::Master => self.master(),
-            Choice::Metadata => self.write_metadata(),
             Choice::FailTask(t) => {
                 if self.runnable(t) {
                     self.fail_task(t)
@@ -905,17 +999,18 @@ impl World {
 
     fn tick(&mut self) {
         self.now_ms += self.rng.u64(1..=3);
-        let now = self.now_ms;
-        let mut out = Vec::new();
-        self.coordinator.check_timeouts(now, &mut out);
-        let all_exhausted = self.exhausted.iter().all(|&e| e);
+        let at = self.now().at;
+        if let Err(e) = self.coordinator.check_timeouts(at) {
+            return self.violate(format!("the job failed: {e}"));
+        }
         if self.final_id.is_none() && !self.end_sent {
-            self.final_id = self.coordinator.maybe_trigger(now, all_exhausted, &mut out);
-            if !all_exhausted {
-                self.final_id = None;
+            if self.exhausted.iter().all(|&e| e) {
+                self.final_id = self.coordinator.maybe_trigger(at, true);
+            } else {
+                self.coordinator.maybe_trigger(at, false);
             }
         }
-        self.deliver_out(out);
+        self.deliver();
     }
 
     fn poll(&mut self, s: usize) {
@@ -1063,16 +1158,49 @@ impl World {
             return;
         };
         let current = self.attempt;
-        let mut out = Vec::new();
+        let at = self.now().at;
         match e {
-            Event::Ack {
-                attempt,
-                task,
-                id,
-                snap,
-            } if attempt == current => self.coordinator.on_ack(id, task, snap, TASKS),
-            Event::Decline { attempt, id } if attempt == current => {
-                self.coordinator.on_decline(id, &mut out)
+            Event::Ack { attempt, task, id } if attempt == current => {
+                // The process may die while the last ack's `_metadata` is being written.
+                if self.failure_budget > 0 && self.rng.u32(0..30) == 0 {
+                    self.failure_budget -= 1;
+                    self.storage.arm_metadata_crash();
+                }
+                let result = self.coordinator.on_ack(
+                    TaskAck {
+                        checkpoint_id: id,
+                        task_index: task,
+                        attempt,
+                        file: Some(format!("task-{task}")),
+                        uids: vec![uid(task)],
+                        stats: TaskCheckpointStats::default(),
+                    },
+                    at,
+                );
+                if self.storage.crashed() {
+                    self.count("crashes during a _metadata write");
+                    return self.restart(true);
+                }
+                match result {
+                    Ok(done) => {
+                        self.completed += done.len();
+                        self.deliver();
+                        let fin = self.final_id;
+                        if fin.is_some_and(|f| done.iter().any(|&d| d >= f)) && !self.end_sent {
+                            self.end_sent = true;
+                            for s in 0..SOURCES {
+                                self.send_control(s, Control::EndOfInput);
+                            }
+                        }
+                    }
+                    Err(e) => self.violate(format!("the job failed: {e}")),
+                }
+            }
+            Event::Decline { attempt, id, cause } if attempt == current => {
+                if let Err(e) = self.coordinator.on_decline(id, attempt, &cause, at) {
+                    self.violate(format!("the job failed: {e}"));
+                }
+                self.deliver();
             }
             Event::Exhausted { attempt, task } if attempt == current => self.exhausted[task] = true,
             Event::Exited { attempt } if attempt == current => {
@@ -1083,32 +1211,6 @@ impl World {
             }
             Event::Failed { attempt } if attempt == current => self.restart(false),
             _ => {}
-        }
-        self.deliver_out(out);
-    }
-
-    fn write_metadata(&mut self) {
-        let Some((id, aligned_only, snaps)) = self.coordinator.take_metadata() else {
-            return;
-        };
-        if self.tasks.iter().any(|t| t.failed) {
-            self.count("metadata written after a task failed");
-        }
-        self.storage.insert(id, snaps);
-        for t in 0..TASKS {
-            // Notifications of completion are best effort: a later one subsumes a lost one.
-            // The final checkpoint's is not lost: the sinks wait for it.
-            if aligned_only || self.rng.u32(0..8) != 0 {
-                self.send_control(t, Control::Complete(id));
-            } else {
-                self.count("lost completions");
-            }
-        }
-        if self.final_id.is_some_and(|f| id >= f) && !self.end_sent {
-            self.end_sent = true;
-            for s in 0..SOURCES {
-                self.send_control(s, Control::EndOfInput);
-            }
         }
     }
 
