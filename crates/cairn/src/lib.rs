@@ -18,3 +18,5 @@ pub mod storage;
 
 pub use error::{TaskError, TaskResult};
 pub mod cluster;
+#[cfg(test)]
+mod sim;

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::channel::{Barrier, ChannelSender, Element, BATCH_RECORDS_MAX};
+use super::gate::{forward_flush, FlushCredit};
 use crate::error::{TaskError, TaskResult};
 use crate::state::keygroup::{key_group_of_hash, subtask_for_key_group};
 use crate::state::OperatorSnapshot;
@@ -208,10 +209,6 @@ impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
         }
     }
 
-    fn send(&mut self, ch: usize) -> TaskResult {
-        self.send_now(ch, false)
-    }
-
     /// Sends channel `ch`'s buffer, serialized once if the channel crosses the network.
     fn send_now(&mut self, ch: usize, overdraft: bool) -> TaskResult {
         let full = std::mem::replace(&mut self.buffers[ch], Vec::with_capacity(BATCH_RECORDS_MAX));
@@ -236,7 +233,7 @@ impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
         }
         buf.push(rec);
         if buf.len() >= BATCH_RECORDS_MAX {
-            self.send(ch)?;
+            self.send_now(ch, false)?;
         }
         Ok(())
     }
@@ -302,26 +299,19 @@ impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
     fn flush(&mut self) -> TaskResult {
         for ch in 0..self.senders.len() {
             if !self.buffers[ch].is_empty() {
-                self.send(ch)?;
+                self.send_now(ch, false)?;
             }
         }
         Ok(())
     }
 
     fn emit(&mut self, event: Event) -> TaskResult {
-        if matches!(event, Event::UnalignedBarrier(_)) {
-            for ch in 0..self.senders.len() {
-                if !self.buffers[ch].is_empty() {
-                    let full = std::mem::replace(
-                        &mut self.buffers[ch],
-                        Vec::with_capacity(BATCH_RECORDS_MAX),
-                    );
-                    self.sent[ch] += 1;
-                    self.senders[ch].send_batch_overdraft(Box::new(full))?;
-                }
+        let unaligned = matches!(event, Event::UnalignedBarrier(_));
+        let overdraft = forward_flush(unaligned) == FlushCredit::Overdraw;
+        for ch in 0..self.senders.len() {
+            if !self.buffers[ch].is_empty() {
+                self.send_now(ch, overdraft)?;
             }
-        } else {
-            self.flush()?;
         }
         for (ch, s) in self.senders.iter().enumerate() {
             match event {

@@ -1,4 +1,12 @@
-//! The input gate: the one place that knows the barrier protocol on the receiving side.
+//! The barrier handler: every decision of the barrier protocol, as a synchronous state machine
+//! without I/O and without a clock.
+//!
+//! The task thread (see `task.rs`) and the simulator (`crate::sim`) drive it the same way: they
+//! feed it events — an element or a priority barrier arrived on channel c, a batch is about to be
+//! processed and was processed, the timer fired (with the time as an argument, [`Now`]), a
+//! checkpoint was triggered, completed or aborted, a channel ended — and perform the
+//! [`GateAction`]s it returns (snapshot, forward the barrier, upload the held snapshot with its
+//! channel state, decline, notify the chain). It never reads a clock, a queue or a file.
 //!
 //! **Aligned (exactly-once).** When barrier n arrives on a channel, that channel is blocked —
 //! its later elements are parked, unread, and because parked batches keep their credits the
@@ -14,22 +22,45 @@
 //! once and forwards an unaligned barrier. Barriers travel as priority mail carrying the number
 //! of batches their sender had sent on the channel before them; every batch the task processes
 //! after its snapshot that was sent before the barrier of its channel is in flight at the cut:
-//! the task records it (serialized) as channel state of checkpoint n. When every live channel's
-//! barrier arrived and its pre-barrier batches were all processed, the channel state is complete.
-//! On recovery it is replayed before any new input.
+//! the task records it (serialized) as channel state of checkpoint n. Batches still queued in
+//! the mailbox are recorded without waiting for them ([`InputGate::plan_capture`]). When every
+//! live channel's barrier arrived and its pre-barrier batches were all recorded, the channel
+//! state is complete and the held snapshot is uploaded with it. On recovery it is replayed
+//! before any new input.
 //!
 //! **Aligned with timeout.** A checkpoint starts aligned; if its alignment is still incomplete
 //! `timeout` after the trigger, the task switches: it snapshots at once, unblocks the channels
 //! that delivered the barrier (their parked data is after the cut) and records the batches of
-//! the others until their barrier arrives. An unaligned barrier from upstream switches at once.
+//! the others until their barrier arrives. An unaligned barrier from upstream switches at once,
+//! and an in-band barrier still queued past the timeout overtakes its data
+//! ([`InputGate::promotion`]). The final checkpoint of a bounded job ([`Barrier::aligned_only`])
+//! never switches: everything before it must be processed, and committed, before the job ends.
 //!
 //! A barrier with a higher id than the pending one cancels it (the older checkpoint is
-//! declined); barriers older than the newest seen are stale and ignored.
+//! declined as [`DeclineCause::Subsumed`], which is not a failed checkpoint); barriers older than the newest seen are stale and
+//! ignored.
+//!
+//! **End of input.** A task whose inputs all ended still holds the pre-committed transactions of
+//! the snapshots it took; it may exit only when every such snapshot's checkpoint completed (or
+//! was aborted while the task still had input).
+//!
+//! The sending side is [`forward_flush`]: what goes out in front of a forwarded barrier.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::channel::{Barrier, Element};
+use super::channel::{Barrier, BarrierKind, Element};
+use crate::checkpoint::DeclineCause;
+
+/// The time, as an input: the monotonic instant (timers) and the wall clock in ms since the
+/// Unix epoch (barrier timestamps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic time.
+    pub at: Instant,
+    /// Wall clock, ms since the Unix epoch.
+    pub wall_ms: u64,
+}
 
 /// How the gate treats barriers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,19 +72,30 @@ pub enum AlignmentMode {
     Tracking,
 }
 
-/// What the task must do after the gate saw something.
+/// What the driver must do, in the order returned.
 #[derive(Debug, PartialEq, Eq)]
 pub enum GateAction {
-    /// Snapshot now and forward the barrier (unaligned: as a priority barrier).
+    /// Take the synchronous snapshot now. If `unaligned`, hold its upload until the
+    /// [`GateAction::ChannelState`] of the same checkpoint (or drop it on
+    /// [`GateAction::Discard`] / [`GateAction::Decline`]).
     Snapshot {
         /// The checkpoint.
         barrier: Barrier,
         /// Time from the first barrier to the snapshot.
         alignment: Duration,
-        /// Whether the checkpoint is unaligned at this task (channel state follows).
+        /// Whether the checkpoint is unaligned at this task.
         unaligned: bool,
     },
-    /// The channel state of unaligned checkpoint `id` is complete.
+    /// Forward the barrier on every output channel: in band, or (unaligned) as a priority
+    /// barrier overtaking the queued data.
+    Forward {
+        /// The checkpoint.
+        barrier: Barrier,
+        /// Priority barrier.
+        unaligned: bool,
+    },
+    /// The channel state of unaligned checkpoint `id` is complete: attach it to the held
+    /// snapshot and upload.
     ChannelState {
         /// Checkpoint id.
         id: u64,
@@ -62,14 +104,140 @@ pub enum GateAction {
         /// Their total size.
         bytes: u64,
     },
-    /// An alignment was cancelled by a newer barrier: decline checkpoint `id`.
-    Decline { id: u64 },
+    /// Drop the held snapshot of checkpoint `id` (aborted) and tell the chain.
+    Discard {
+        /// Checkpoint id.
+        id: u64,
+    },
+    /// Decline checkpoint `id` (drops its held snapshot, if any).
+    Decline {
+        /// Checkpoint id.
+        id: u64,
+        /// Why: the gate declines only checkpoints a newer one subsumed.
+        cause: DeclineCause,
+    },
+    /// Checkpoint `id` completed: tell the chain (sinks commit).
+    NotifyComplete {
+        /// Checkpoint id.
+        id: u64,
+    },
+    /// Checkpoint `id` was aborted after the input ended: its pre-committed output can never be
+    /// committed by this attempt, so the task must fail (the job restarts from the latest
+    /// completed checkpoint).
+    FailAbortedAtEnd {
+        /// Checkpoint id.
+        id: u64,
+    },
+}
+
+/// Planted protocol bugs, switched on only by the simulator's tests to show that it finds them.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flaw {
+    /// Aligned mode does not block a channel that delivered the barrier.
+    NoBlock,
+    /// An aligned barrier is forwarded as soon as it arrives on one channel, before the snapshot.
+    ForwardEarly,
+    /// An in-flight batch is not recorded as channel state.
+    SkipInFlight,
+    /// The alignment timeout also switches the final (aligned-only) checkpoint (defect 3.1).
+    FinalMayUnalign,
+    /// A task whose inputs ended exits without waiting for its snapshots' outcome (defect 3.2).
+    ExitBeforeCommit,
+}
+
+/// The outcomes a subtask still waits for: the checkpoints it snapshotted (so its sinks hold
+/// pre-committed transactions of them) that neither completed nor were aborted yet.
+#[derive(Debug, Default)]
+struct Outcomes {
+    /// Ascending; at most max-concurrent-checkpoints long.
+    open: VecDeque<u64>,
+    ended: bool,
+    #[cfg(test)]
+    pub(crate) flaw: Option<Flaw>,
+}
+
+impl Outcomes {
+    /// The subtask snapshotted checkpoint `id`.
+    fn snapshotted(&mut self, id: u64) {
+        if self.open.back().is_none_or(|&last| last < id) {
+            self.open.push_back(id);
+        }
+    }
+
+    /// The input ended (every channel, or a source's end of input).
+    fn end_input(&mut self) {
+        self.ended = true;
+    }
+
+    /// Checkpoint `id` completed: it subsumes every older one.
+    fn on_complete(&mut self, id: u64) -> GateAction {
+        while self.open.front().is_some_and(|&o| o <= id) {
+            self.open.pop_front();
+        }
+        GateAction::NotifyComplete { id }
+    }
+
+    /// Checkpoint `id` was aborted. Fails the task if nothing can commit its output any more.
+    fn on_abort(&mut self, id: u64, out: &mut Vec<GateAction>) {
+        let newest = self.open.back() == Some(&id);
+        self.open.retain(|&o| o != id);
+        out.push(GateAction::Discard { id });
+        // A newer snapshot would commit this one's transactions; after the end of input
+        // there is none, and a restart must replay.
+        if self.ended && newest {
+            out.push(GateAction::FailAbortedAtEnd { id });
+        }
+    }
+
+    /// Whether the subtask may exit: its input ended and no snapshot's outcome is pending.
+    fn may_exit(&self) -> bool {
+        #[cfg(test)]
+        if self.flaw == Some(Flaw::ExitBeforeCommit) {
+            return self.ended;
+        }
+        self.ended && self.open.is_empty()
+    }
+}
+
+/// How a writer sends the partial batches buffered in front of a barrier it forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushCredit {
+    /// Wait for credit, as any batch: the barrier follows the data in band.
+    Wait,
+    /// Overdraw the credit (at most one batch per channel per checkpoint beyond the credits): a
+    /// priority barrier must not be held back by backpressure, and it counts the batch as sent
+    /// before it.
+    Overdraw,
+}
+
+/// The sending side of the protocol: the partial batches in front of a forwarded barrier.
+pub fn forward_flush(unaligned: bool) -> FlushCredit {
+    if unaligned {
+        FlushCredit::Overdraw
+    } else {
+        FlushCredit::Wait
+    }
+}
+
+/// Whether planted bug `$flaw` is switched on; always false outside the simulator's tests.
+macro_rules! flawed {
+    ($self:ident, $flaw:ident) => {{
+        #[cfg(test)]
+        {
+            $self.flaw == Some(Flaw::$flaw)
+        }
+        #[cfg(not(test))]
+        {
+            false
+        }
+    }};
 }
 
 struct Pending {
     barrier: Barrier,
     started: Instant,
-    /// Switch to unaligned at this instant (aligned-with-timeout).
+    /// Switch to unaligned at this instant (aligned-with-timeout; never for aligned-only).
     deadline: Option<Instant>,
     seen: Vec<bool>,
     /// The snapshot was taken unaligned; waiting for the channel state.
@@ -80,11 +248,16 @@ struct Pending {
     recorded_bytes: u64,
     /// Per channel: batches up to this sequence number were recorded while still queued.
     captured: Vec<u64>,
+    /// The barrier was already forwarded (only by [`Flaw::ForwardEarly`]).
+    #[cfg(test)]
+    forwarded: bool,
 }
 
-/// Barrier handling over the input channels of one subtask.
+/// The barrier handler over the input channels of one subtask.
 pub struct InputGate {
     mode: AlignmentMode,
+    /// Aligned-checkpoint timeout (switch to unaligned after it), if configured.
+    timeout: Option<Duration>,
     ended: Vec<bool>,
     ended_count: usize,
     blocked: Vec<bool>,
@@ -93,6 +266,13 @@ pub struct InputGate {
     processed: Vec<u64>,
     pending: Option<Pending>,
     newest_id: u64,
+    outcomes: Outcomes,
+    #[cfg(test)]
+    pub(crate) flaw: Option<Flaw>,
+}
+
+fn is_batch(e: &Element) -> bool {
+    matches!(e, Element::Batch(_) | Element::Encoded(_))
 }
 
 impl InputGate {
@@ -100,6 +280,7 @@ impl InputGate {
     pub fn new(channels: usize, mode: AlignmentMode) -> Self {
         InputGate {
             mode,
+            timeout: None,
             ended: vec![false; channels],
             ended_count: 0,
             blocked: vec![false; channels],
@@ -108,7 +289,45 @@ impl InputGate {
             processed: vec![0; channels],
             pending: None,
             newest_id: 0,
+            outcomes: Outcomes::default(),
+            #[cfg(test)]
+            flaw: None,
         }
+    }
+
+    /// With an aligned-checkpoint timeout: in-band barriers switch to unaligned after it.
+    pub fn with_aligned_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Plants a protocol bug (simulator tests only).
+    #[cfg(test)]
+    pub(crate) fn with_flaw(mut self, flaw: Option<Flaw>) -> Self {
+        self.flaw = flaw;
+        self.outcomes.flaw = flaw;
+        self
+    }
+
+    /// A source subtask's checkpoint trigger: snapshot, then forward. The barrier goes out
+    /// unaligned only for unaligned checkpoints (a source has no input to align, so
+    /// aligned-with-timeout is aligned here) and never for the final checkpoint.
+    pub fn on_trigger(&mut self, barrier: Barrier, kind: BarrierKind) -> [GateAction; 2] {
+        let unaligned = kind == BarrierKind::Unaligned && !barrier.aligned_only;
+        self.outcomes.snapshotted(barrier.id);
+        [
+            GateAction::Snapshot {
+                barrier,
+                alignment: Duration::ZERO,
+                unaligned: false,
+            },
+            GateAction::Forward { barrier, unaligned },
+        ]
+    }
+
+    /// A source's input ended (its final checkpoint completed).
+    pub fn end_input(&mut self) {
+        self.outcomes.end_input();
     }
 
     /// Number of input channels.
@@ -121,8 +340,14 @@ impl InputGate {
         self.ended_count == self.ended.len()
     }
 
+    /// Whether the task may exit: every channel ended and every snapshot it took has an outcome.
+    pub fn may_exit(&self) -> bool {
+        self.outcomes.may_exit()
+    }
+
     /// Takes an element that arrived from the mailbox: returns it if it may be processed now, or
     /// parks it (blocked channel, or older parked elements of the same channel still queued).
+    #[inline]
     pub fn accept(&mut self, channel: usize, element: Element) -> Option<Element> {
         if self.blocked[channel] || !self.parked[channel].is_empty() {
             self.parked[channel].push_back(element);
@@ -134,6 +359,7 @@ impl InputGate {
     }
 
     /// A parked element of an unblocked channel, to be processed before new mail.
+    #[inline]
     pub fn next_parked(&mut self) -> Option<(usize, Element)> {
         if self.parked_total == 0 {
             return None;
@@ -154,6 +380,14 @@ impl InputGate {
         self.parked_total
     }
 
+    /// Whether a parked element could be processed now (its channel is not blocked): the
+    /// simulator's view of what [`InputGate::next_parked`] would return.
+    #[cfg(test)]
+    pub(crate) fn ready_parked(&self) -> bool {
+        self.parked_total > 0
+            && (0..self.parked.len()).any(|c| !self.blocked[c] && !self.parked[c].is_empty())
+    }
+
     /// Whether `channel` is blocked for alignment.
     pub fn is_blocked(&self, channel: usize) -> bool {
         self.blocked[channel]
@@ -161,10 +395,14 @@ impl InputGate {
 
     /// A batch of `channel` is about to be processed: whether it is in flight at an unaligned
     /// cut and must be recorded (serialized) and passed to [`InputGate::after_batch`].
+    #[inline]
     pub fn before_batch(&mut self, channel: usize) -> bool {
         self.processed[channel] += 1;
+        if self.pending.is_none() {
+            return false;
+        }
         let seq = self.processed[channel];
-        self.in_flight(channel, seq)
+        self.in_flight(channel, seq) && !flawed!(self, SkipInFlight)
     }
 
     /// Whether batch number `seq` of `channel` is in flight at the pending unaligned cut and
@@ -181,45 +419,47 @@ impl InputGate {
         }
     }
 
-    /// For recording in-flight batches while they are still queued (so the channel state does
-    /// not wait for them to be processed): the sequence number of the next batch of `channel`
-    /// to be processed, counting parked ones, if the pending checkpoint is unaligned.
-    pub fn capture_start(&self, channel: usize) -> Option<u64> {
-        let p = self.pending.as_ref().filter(|p| p.unaligned)?;
-        let parked = self.parked[channel]
-            .iter()
-            .filter(|e| matches!(e, Element::Batch(_) | Element::Encoded(_)))
-            .count() as u64;
-        let _ = p;
-        Some(self.processed[channel] + parked)
+    /// The sequence number of the last batch of `channel` taken from the mailbox (processed or
+    /// parked).
+    fn taken_seq(&self, channel: usize) -> u64 {
+        self.processed[channel] + self.parked[channel].iter().filter(|e| is_batch(e)).count() as u64
     }
 
-    /// The sequence number of the next batch of `channel` to be processed, counting parked ones.
-    pub fn next_seq(&self, channel: usize) -> u64 {
-        let parked = self.parked[channel]
-            .iter()
-            .filter(|e| matches!(e, Element::Batch(_) | Element::Encoded(_)))
-            .count() as u64;
-        self.processed[channel] + parked
-    }
-
-    /// Whether a barrier with this id would still be news (not stale).
-    pub fn is_new_barrier(&self, channel: usize, id: u64) -> bool {
-        match &self.pending {
-            Some(p) if p.barrier.id == id => !p.seen[channel],
-            Some(p) => id > p.barrier.id,
-            None => id > self.newest_id,
+    /// Unaligned: which batches still queued in the mailbox are in flight at the cut, to be
+    /// recorded now rather than when they are processed. `queued` is the mailbox in order: data
+    /// mail as `Some((channel, element))`, other mail as `None`. Appends `(position in queued,
+    /// channel, sequence number)` to `out`; the driver serializes those batches and passes them
+    /// to [`InputGate::capture`].
+    pub fn plan_capture<'a>(
+        &self,
+        queued: impl Iterator<Item = Option<(usize, &'a Element)>>,
+        out: &mut Vec<(usize, usize, u64)>,
+    ) {
+        let Some(p) = self.pending.as_ref().filter(|p| p.unaligned) else {
+            return;
+        };
+        let channels = self.channels();
+        let mut next: Vec<u64> = (0..channels).map(|c| self.taken_seq(c)).collect();
+        let mut stopped = vec![false; channels];
+        for (i, mail) in queued.enumerate() {
+            let Some((c, element)) = mail else {
+                continue;
+            };
+            if c >= channels || stopped[c] {
+                continue;
+            }
+            match element {
+                Element::Batch(_) | Element::Encoded(_) => {
+                    next[c] += 1;
+                    if self.in_flight(c, next[c]) && !flawed!(self, SkipInFlight) {
+                        out.push((i, c, next[c]));
+                    }
+                }
+                // Whatever follows the barrier of this checkpoint is after the cut.
+                Element::Barrier(b) if b.id >= p.barrier.id => stopped[c] = true,
+                _ => {}
+            }
         }
-    }
-
-    /// Whether the barrier of the pending checkpoint arrived on `channel`.
-    pub fn barrier_seen(&self, channel: usize) -> bool {
-        self.pending.as_ref().is_some_and(|p| p.seen[channel])
-    }
-
-    /// Whether queued batch number `seq` of `channel` must be captured.
-    pub fn should_capture(&self, channel: usize, seq: u64) -> bool {
-        self.in_flight(channel, seq)
     }
 
     /// Records queued batch number `seq` of `channel` (serialized) as channel state.
@@ -250,6 +490,7 @@ impl InputGate {
 
     /// A batch of `channel` was processed; `recorded` is its serialized form if
     /// [`InputGate::before_batch`] asked for it.
+    #[inline]
     pub fn after_batch(&mut self, channel: usize, recorded: Option<Vec<u8>>) -> Option<GateAction> {
         let p = self.pending.as_mut()?;
         if let Some(bytes) = recorded {
@@ -263,6 +504,55 @@ impl InputGate {
         }
     }
 
+    /// Whether the driver should look for in-band barriers queued past the alignment timeout
+    /// ([`InputGate::promotion`]).
+    pub fn promotes(&self) -> bool {
+        self.timeout.is_some()
+    }
+
+    /// Aligned-with-timeout: an in-band barrier still queued in the mailbox `timeout` after its
+    /// trigger overtakes the data before it, as an unaligned barrier would. `queued` is the
+    /// mailbox as for [`InputGate::plan_capture`]. Returns the barrier's position in `queued`,
+    /// its channel, the barrier and the number of batches of the channel before it; the driver
+    /// removes it from the mailbox and passes it to [`InputGate::on_priority_barrier`].
+    pub fn promotion<'a>(
+        &self,
+        queued: impl Iterator<Item = Option<(usize, &'a Element)>>,
+        now: Now,
+    ) -> Option<(usize, usize, Barrier, u64)> {
+        let timeout_ms = self.timeout?.as_millis() as u64;
+        let mut pos: Vec<u64> = (0..self.channels()).map(|c| self.taken_seq(c)).collect();
+        for (i, mail) in queued.enumerate() {
+            let Some((c, element)) = mail else {
+                continue;
+            };
+            if c >= pos.len() {
+                continue;
+            }
+            match element {
+                Element::Batch(_) | Element::Encoded(_) => pos[c] += 1,
+                Element::Barrier(b)
+                    if (!b.aligned_only || flawed!(self, FinalMayUnalign))
+                        && now.wall_ms.saturating_sub(b.timestamp_ms) >= timeout_ms
+                        && self.is_new_barrier(c, b.id) =>
+                {
+                    return Some((i, c, *b, pos[c]));
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Whether a barrier with this id would still be news (not stale).
+    fn is_new_barrier(&self, channel: usize, id: u64) -> bool {
+        match &self.pending {
+            Some(p) if p.barrier.id == id => !p.seen[channel],
+            Some(p) => id > p.barrier.id,
+            None => id > self.newest_id,
+        }
+    }
+
     /// When the gate needs [`InputGate::on_timer`] (aligned-with-timeout).
     pub fn deadline(&self) -> Option<Instant> {
         self.pending
@@ -272,10 +562,10 @@ impl InputGate {
     }
 
     /// The alignment timeout may have expired: switch to unaligned.
-    pub fn on_timer(&mut self, now: Instant) -> Vec<GateAction> {
+    pub fn on_timer(&mut self, now: Now) -> Vec<GateAction> {
         match &self.pending {
-            Some(p) if !p.unaligned && p.deadline.is_some_and(|d| now >= d) => {
-                self.switch_to_unaligned()
+            Some(p) if !p.unaligned && p.deadline.is_some_and(|d| now.at >= d) => {
+                self.switch_to_unaligned(now)
             }
             _ => Vec::new(),
         }
@@ -286,13 +576,17 @@ impl InputGate {
     fn begin(
         &mut self,
         barrier: Barrier,
-        timeout: Option<Duration>,
+        timed: bool,
+        now: Now,
         actions: &mut Vec<GateAction>,
     ) -> Option<()> {
         match &self.pending {
             Some(p) if barrier.id < p.barrier.id => return None,
             Some(p) if barrier.id > p.barrier.id => {
-                actions.push(GateAction::Decline { id: p.barrier.id });
+                actions.push(GateAction::Decline {
+                    id: p.barrier.id,
+                    cause: DeclineCause::Subsumed,
+                });
                 self.pending = None;
                 self.unblock_all();
             }
@@ -303,17 +597,15 @@ impl InputGate {
         debug_assert!(barrier.id > self.newest_id, "barrier ids only grow");
         self.newest_id = barrier.id;
         let channels = self.ended.len();
-        let now = Instant::now();
-        let deadline = timeout.map(|t| {
+        let may_switch = !barrier.aligned_only || flawed!(self, FinalMayUnalign);
+        let deadline = self.timeout.filter(|_| timed && may_switch).map(|t| {
             // Measured from the trigger, as Flink does: a barrier that arrives late switches at once.
-            let age = Duration::from_millis(
-                crate::checkpoint::now_ms().saturating_sub(barrier.timestamp_ms),
-            );
-            now + t.saturating_sub(age)
+            let age = Duration::from_millis(now.wall_ms.saturating_sub(barrier.timestamp_ms));
+            now.at + t.saturating_sub(age)
         });
         self.pending = Some(Pending {
             barrier,
-            started: now,
+            started: now.at,
             deadline,
             seen: vec![false; channels],
             unaligned: false,
@@ -321,23 +613,23 @@ impl InputGate {
             recorded: vec![Vec::new(); channels],
             recorded_bytes: 0,
             captured: vec![0; channels],
+            #[cfg(test)]
+            forwarded: false,
         });
         Some(())
     }
 
     /// In-band barrier `barrier` arrived on `channel` (to be called for processable elements
-    /// only). `timeout` is the aligned-checkpoint timeout of the checkpoint, if any.
-    pub fn on_barrier(
-        &mut self,
-        channel: usize,
-        barrier: Barrier,
-        timeout: Option<Duration>,
-    ) -> Vec<GateAction> {
+    /// only).
+    pub fn on_barrier(&mut self, channel: usize, barrier: Barrier, now: Now) -> Vec<GateAction> {
         let mut actions = Vec::new();
-        if self.begin(barrier, timeout, &mut actions).is_none() {
+        if self.begin(barrier, true, now, &mut actions).is_none() {
             return actions;
         }
         let processed = self.processed[channel];
+        let block = self.mode == AlignmentMode::Aligned && !flawed!(self, NoBlock);
+        #[cfg(test)]
+        let forward_early = flawed!(self, ForwardEarly);
         let Some(p) = self.pending.as_mut() else {
             return actions;
         };
@@ -345,20 +637,24 @@ impl InputGate {
             p.seen[channel] = true;
             // In band: every batch before the barrier was processed already.
             p.batches_before[channel] = Some(processed);
-            if self.mode == AlignmentMode::Aligned && !p.unaligned {
+            if block && !p.unaligned {
                 self.blocked[channel] = true;
             }
         }
-        if self.pending.as_ref().is_some_and(|p| p.unaligned) {
+        #[cfg(test)]
+        if forward_early && !p.unaligned && !p.forwarded {
+            p.forwarded = true;
+            actions.push(GateAction::Forward {
+                barrier,
+                unaligned: false,
+            });
+        }
+        if p.unaligned {
             actions.extend(self.try_complete_channel_state());
-        } else if let Some(deadline) = timeout.and(self.deadline()) {
-            if Instant::now() >= deadline {
-                actions.extend(self.switch_to_unaligned());
-                return actions;
-            }
-            actions.extend(self.try_complete_aligned());
+        } else if p.deadline.is_some_and(|d| now.at >= d) {
+            actions.extend(self.switch_to_unaligned(now));
         } else {
-            actions.extend(self.try_complete_aligned());
+            self.try_complete_aligned(now, &mut actions);
         }
         actions
     }
@@ -370,9 +666,10 @@ impl InputGate {
         channel: usize,
         barrier: Barrier,
         batches_before: u64,
+        now: Now,
     ) -> Vec<GateAction> {
         let mut actions = Vec::new();
-        if self.begin(barrier, None, &mut actions).is_none() {
+        if self.begin(barrier, false, now, &mut actions).is_none() {
             return actions;
         }
         if let Some(p) = self.pending.as_mut() {
@@ -382,7 +679,7 @@ impl InputGate {
             }
         }
         if self.pending.as_ref().is_some_and(|p| !p.unaligned) {
-            actions.extend(self.switch_to_unaligned());
+            actions.extend(self.switch_to_unaligned(now));
         } else {
             actions.extend(self.try_complete_channel_state());
         }
@@ -390,59 +687,88 @@ impl InputGate {
     }
 
     /// `channel` delivered end of stream.
-    pub fn on_end_of_stream(&mut self, channel: usize) -> Vec<GateAction> {
+    pub fn on_end_of_stream(&mut self, channel: usize, now: Now) -> Vec<GateAction> {
         if !self.ended[channel] {
             self.ended[channel] = true;
             self.ended_count += 1;
+            if self.all_ended() {
+                self.outcomes.end_input();
+            }
         }
+        let mut actions = Vec::new();
         match &self.pending {
-            Some(p) if p.unaligned => self.try_complete_channel_state().into_iter().collect(),
-            Some(_) => self.try_complete_aligned().into_iter().collect(),
-            None => Vec::new(),
+            Some(p) if p.unaligned => actions.extend(self.try_complete_channel_state()),
+            Some(_) => self.try_complete_aligned(now, &mut actions),
+            None => {}
         }
+        actions
+    }
+
+    /// Checkpoint `id` completed.
+    pub fn on_complete(&mut self, id: u64) -> GateAction {
+        self.outcomes.on_complete(id)
     }
 
     /// Checkpoint `id` was aborted: forget it.
-    pub fn abort(&mut self, id: u64) {
+    pub fn on_abort(&mut self, id: u64) -> Vec<GateAction> {
         if self.pending.as_ref().is_some_and(|p| p.barrier.id == id) {
             self.pending = None;
             self.unblock_all();
         }
+        let mut actions = Vec::new();
+        self.outcomes.on_abort(id, &mut actions);
+        actions
     }
 
-    fn switch_to_unaligned(&mut self) -> Vec<GateAction> {
+    fn snapshot(
+        &mut self,
+        barrier: Barrier,
+        started: Instant,
+        unaligned: bool,
+        now: Now,
+        actions: &mut Vec<GateAction>,
+    ) {
+        self.outcomes.snapshotted(barrier.id);
+        actions.push(GateAction::Snapshot {
+            barrier,
+            alignment: now.at.saturating_duration_since(started),
+            unaligned,
+        });
+        #[cfg(test)]
+        if self.pending.as_ref().is_some_and(|p| p.forwarded) {
+            return;
+        }
+        actions.push(GateAction::Forward { barrier, unaligned });
+    }
+
+    fn switch_to_unaligned(&mut self, now: Now) -> Vec<GateAction> {
         let mut actions = Vec::new();
         let Some(p) = self.pending.as_mut() else {
             return actions;
         };
         p.unaligned = true;
-        actions.push(GateAction::Snapshot {
-            barrier: p.barrier,
-            alignment: p.started.elapsed(),
-            unaligned: true,
-        });
+        let (barrier, started) = (p.barrier, p.started);
+        self.snapshot(barrier, started, true, now, &mut actions);
         // Parked data of blocked channels came after their barrier: it is not in flight at the cut.
         self.unblock_all();
         actions.extend(self.try_complete_channel_state());
         actions
     }
 
-    fn try_complete_aligned(&mut self) -> Option<GateAction> {
-        let p = self.pending.as_ref()?;
+    fn try_complete_aligned(&mut self, now: Now, actions: &mut Vec<GateAction>) {
+        let Some(p) = self.pending.as_ref() else {
+            return;
+        };
         let live_unseen = (0..self.ended.len())
             .filter(|&c| !self.ended[c] && !p.seen[c])
             .count();
         if live_unseen > 0 {
-            return None;
+            return;
         }
-        let action = GateAction::Snapshot {
-            barrier: p.barrier,
-            alignment: p.started.elapsed(),
-            unaligned: false,
-        };
+        let (barrier, started) = (p.barrier, p.started);
+        self.snapshot(barrier, started, false, now, actions);
         self.pending = None;
         self.unblock_all();
-        Some(action)
     }
 
     fn try_complete_channel_state(&mut self) -> Option<GateAction> {
@@ -480,19 +806,30 @@ impl InputGate {
 mod tests {
     use super::*;
 
+    /// A fixed time: the gate has no clock of its own.
+    fn t0() -> Now {
+        Now {
+            at: Instant::now(),
+            wall_ms: 1_000_000,
+        }
+    }
+
+    fn later(now: Now, ms: u64) -> Now {
+        Now {
+            at: now.at + Duration::from_millis(ms),
+            wall_ms: now.wall_ms + ms,
+        }
+    }
+
     fn barrier(id: u64) -> Element {
-        Element::Barrier(Barrier {
-            aligned_only: false,
-            id,
-            timestamp_ms: crate::checkpoint::now_ms(),
-        })
+        Element::Barrier(b(id))
     }
 
     fn b(id: u64) -> Barrier {
         Barrier {
             aligned_only: false,
             id,
-            timestamp_ms: crate::checkpoint::now_ms(),
+            timestamp_ms: t0().wall_ms,
         }
     }
 
@@ -526,8 +863,8 @@ mod tests {
                     processed.extend(*batch.downcast::<Vec<u32>>().unwrap());
                     gate.after_batch(ch, None).into_iter().collect()
                 }
-                Element::Barrier(b) => gate.on_barrier(ch, b, None),
-                Element::EndOfStream => gate.on_end_of_stream(ch),
+                Element::Barrier(b) => gate.on_barrier(ch, b, t0()),
+                Element::EndOfStream => gate.on_end_of_stream(ch, t0()),
                 Element::Encoded(_) => Vec::new(),
             };
             for a in actions {
@@ -600,17 +937,26 @@ mod tests {
     #[test]
     fn a_newer_barrier_cancels_the_alignment_and_stale_ones_are_ignored() {
         let mut gate = InputGate::new(2, AlignmentMode::Aligned);
-        assert!(gate.on_barrier(0, b(1), None).is_empty());
+        assert!(gate.on_barrier(0, b(1), t0()).is_empty());
         assert!(gate.is_blocked(0));
         assert_eq!(
-            gate.on_barrier(1, b(2), None),
-            vec![GateAction::Decline { id: 1 }]
+            gate.on_barrier(1, b(2), t0()),
+            vec![GateAction::Decline {
+                id: 1,
+                cause: DeclineCause::Subsumed
+            }]
         );
         assert!(!gate.is_blocked(0));
-        assert!(gate.on_barrier(1, b(1), None).is_empty());
+        assert!(gate.on_barrier(1, b(1), t0()).is_empty());
         assert!(matches!(
-            gate.on_barrier(0, b(2), None)[..],
-            [GateAction::Snapshot { .. }]
+            gate.on_barrier(0, b(2), t0())[..],
+            [
+                GateAction::Snapshot { .. },
+                GateAction::Forward {
+                    unaligned: false,
+                    ..
+                }
+            ]
         ));
     }
 
@@ -621,13 +967,19 @@ mod tests {
         // Channel 0 has processed 1 batch; its sender sent 3 before the barrier.
         assert!(!gate.before_batch(0));
         assert_eq!(gate.after_batch(0, None), None);
-        let actions = gate.on_priority_barrier(0, b(5), 3);
+        let actions = gate.on_priority_barrier(0, b(5), 3, t0());
         assert!(matches!(
             actions[..],
-            [GateAction::Snapshot {
-                unaligned: true,
-                ..
-            }]
+            [
+                GateAction::Snapshot {
+                    unaligned: true,
+                    ..
+                },
+                GateAction::Forward {
+                    unaligned: true,
+                    ..
+                }
+            ]
         ));
         // Batches 2 and 3 of channel 0 are in flight; batch 4 is after the barrier.
         for (seq, expect) in [(2, true), (3, true), (4, false)] {
@@ -638,7 +990,7 @@ mod tests {
         // Channel 1: its barrier has not come; everything it delivers is in flight until it does.
         assert!(gate.before_batch(1));
         assert_eq!(gate.after_batch(1, Some(vec![101])), None);
-        let actions = gate.on_priority_barrier(1, b(5), 2);
+        let actions = gate.on_priority_barrier(1, b(5), 2, t0());
         assert!(actions.is_empty(), "batch 2 of channel 1 is still queued");
         assert!(gate.before_batch(1));
         let done = gate.after_batch(1, Some(vec![102]));
@@ -655,21 +1007,26 @@ mod tests {
 
     #[test]
     fn an_alignment_timeout_switches_to_unaligned() {
-        let mut gate = InputGate::new(2, AlignmentMode::Aligned);
-        let timeout = Some(Duration::from_millis(50));
-        assert!(gate.on_barrier(0, b(1), timeout).is_empty());
+        let now = t0();
+        let mut gate = InputGate::new(2, AlignmentMode::Aligned)
+            .with_aligned_timeout(Some(Duration::from_millis(50)));
+        assert!(gate.on_barrier(0, b(1), now).is_empty());
         assert!(gate.is_blocked(0));
-        let deadline = gate.deadline().unwrap();
-        assert!(gate
-            .on_timer(deadline - Duration::from_millis(1))
-            .is_empty());
-        let actions = gate.on_timer(deadline);
+        assert_eq!(gate.deadline(), Some(later(now, 50).at));
+        assert!(gate.on_timer(later(now, 49)).is_empty());
+        let actions = gate.on_timer(later(now, 50));
         assert!(matches!(
             actions[..],
-            [GateAction::Snapshot {
-                unaligned: true,
-                ..
-            }]
+            [
+                GateAction::Snapshot {
+                    unaligned: true,
+                    ..
+                },
+                GateAction::Forward {
+                    unaligned: true,
+                    ..
+                }
+            ]
         ));
         assert!(
             !gate.is_blocked(0),
@@ -678,7 +1035,7 @@ mod tests {
         // Channel 1 delivers data before its (in-band) barrier: recorded.
         assert!(gate.before_batch(1));
         assert_eq!(gate.after_batch(1, Some(vec![7])), None);
-        let actions = gate.on_barrier(1, b(1), timeout);
+        let actions = gate.on_barrier(1, b(1), later(now, 51));
         assert_eq!(
             actions,
             vec![GateAction::ChannelState {
@@ -687,5 +1044,120 @@ mod tests {
                 bytes: 1
             }]
         );
+    }
+
+    /// Defect 3.1: the final checkpoint of a bounded job stays aligned whatever the timeout.
+    #[test]
+    fn the_final_checkpoint_never_switches_to_unaligned() {
+        let now = t0();
+        let mut gate = InputGate::new(2, AlignmentMode::Aligned)
+            .with_aligned_timeout(Some(Duration::from_millis(1)));
+        let fin = Barrier {
+            aligned_only: true,
+            ..b(4)
+        };
+        // Arrives long after its trigger: an ordinary barrier would switch at once.
+        let late = later(now, 1_000);
+        assert!(gate.on_barrier(0, fin, late).is_empty());
+        assert_eq!(gate.deadline(), None);
+        assert!(gate.on_timer(later(late, 1_000)).is_empty());
+        // Nor is it promoted ahead of the data queued before it.
+        let queued_final = [rec(1), Element::Barrier(fin)];
+        assert!(gate
+            .promotion(
+                queued_final.iter().map(|e| Some((1, e))),
+                later(late, 1_000)
+            )
+            .is_none());
+        assert!(gate.is_blocked(0));
+        assert!(matches!(
+            gate.on_barrier(1, fin, later(late, 2_000))[..],
+            [
+                GateAction::Snapshot {
+                    unaligned: false,
+                    ..
+                },
+                GateAction::Forward {
+                    unaligned: false,
+                    ..
+                }
+            ]
+        ));
+    }
+
+    #[test]
+    fn a_barrier_queued_past_the_timeout_is_promoted_with_the_batches_before_it() {
+        let now = t0();
+        let gate = InputGate::new(2, AlignmentMode::Aligned)
+            .with_aligned_timeout(Some(Duration::from_millis(10)));
+        let queued = [rec(1), rec(2), barrier(1), rec(3)];
+        let mail = || {
+            queued
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (i != 1).then_some((1, e)))
+        };
+        assert_eq!(gate.promotion(mail(), later(now, 9)), None);
+        // The second element is other mail (not of a channel): one batch before the barrier.
+        assert_eq!(
+            gate.promotion(mail(), later(now, 10)),
+            Some((2, 1, b(1), 1))
+        );
+    }
+
+    /// Defect 3.7: the subsumed checkpoint is declined as such.
+    #[test]
+    fn a_subsumed_alignment_is_declined_as_subsumed() {
+        let mut gate = InputGate::new(2, AlignmentMode::Aligned);
+        assert!(gate.on_barrier(0, b(1), t0()).is_empty());
+        assert_eq!(
+            gate.on_priority_barrier(1, b(2), 0, t0())[0],
+            GateAction::Decline {
+                id: 1,
+                cause: DeclineCause::Subsumed
+            }
+        );
+    }
+
+    /// Defect 3.2: with every input ended, the task waits for its last snapshot's outcome.
+    #[test]
+    fn a_task_whose_inputs_ended_waits_for_the_outcome_of_its_snapshots() {
+        let mut gate = InputGate::new(1, AlignmentMode::Aligned);
+        assert_eq!(gate.on_barrier(0, b(3), t0()).len(), 2);
+        gate.on_end_of_stream(0, t0());
+        assert!(gate.all_ended());
+        assert!(
+            !gate.may_exit(),
+            "checkpoint 3 is pre-committed, not committed"
+        );
+        assert_eq!(gate.on_complete(3), GateAction::NotifyComplete { id: 3 });
+        assert!(gate.may_exit());
+
+        let mut gate = InputGate::new(1, AlignmentMode::Aligned);
+        gate.on_barrier(0, b(3), t0());
+        gate.on_end_of_stream(0, t0());
+        assert_eq!(
+            gate.on_abort(3),
+            vec![
+                GateAction::Discard { id: 3 },
+                GateAction::FailAbortedAtEnd { id: 3 }
+            ]
+        );
+    }
+
+    #[test]
+    fn queued_in_flight_batches_are_planned_for_capture_up_to_the_barrier() {
+        let mut gate = InputGate::new(2, AlignmentMode::Aligned);
+        gate.on_priority_barrier(0, b(2), 2, t0());
+        let queued = [rec(1), rec(2), rec(3), barrier(2), rec(4)];
+        let mut plan = Vec::new();
+        gate.plan_capture(
+            queued.iter().enumerate().map(|(i, e)| Some((i % 2, e))),
+            &mut plan,
+        );
+        // Channel 0 has queue positions 0, 2, 4: its batches 1 and 2 are in flight, 3 is after
+        // the barrier. Channel 1's barrier has not come: its batch (position 1) is in flight;
+        // position 3 is its barrier.
+        assert_eq!(plan, vec![(0, 0, 1), (1, 1, 1), (2, 0, 2)]);
     }
 }

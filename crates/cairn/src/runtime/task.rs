@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError};
 
 use super::chain::{Event, SourceStatus, TaskBody};
-use super::channel::{Barrier, BarrierKind, CreditReturn, Element, Mail};
-use super::gate::{GateAction, InputGate};
+use super::channel::{Barrier, CreditReturn, Element, Mail};
+use super::gate::{GateAction, InputGate, Now};
 use super::inject::FailureInjector;
 use crate::checkpoint::restore::TaskStateFile;
 use crate::checkpoint::{now_ms, DeclineCause, TaskAck, TaskCheckpointStats};
@@ -187,15 +187,12 @@ impl TaskRuntime {
         }
     }
 
-    fn checkpoint(&mut self, barrier: Barrier, alignment: Duration, unaligned: bool) -> TaskResult {
+    /// Takes the synchronous snapshot of checkpoint `barrier`; an unaligned one is held until
+    /// its channel state is complete (the gate says when, [`GateAction::ChannelState`]).
+    fn snapshot(&mut self, barrier: Barrier, alignment: Duration, unaligned: bool) -> TaskResult {
         let t0 = Instant::now();
         let mut snapshots = Vec::new();
         self.body.snapshot(barrier.id, &mut snapshots)?;
-        self.body.emit(if unaligned {
-            Event::UnalignedBarrier(barrier)
-        } else {
-            Event::Barrier(barrier)
-        })?;
         snapshots.retain(|s| !s.is_empty());
         let stats = TaskCheckpointStats {
             task: self.name.clone(),
@@ -216,8 +213,7 @@ impl TaskRuntime {
             snapshots,
             stats,
         };
-        if unaligned && !self.channel_ports.is_empty() {
-            // The upload waits for the in-flight data (GateAction::ChannelState).
+        if unaligned {
             self.held = Some(job);
             return Ok(());
         }
@@ -273,47 +269,80 @@ impl TaskRuntime {
         self.uploader.send(job).map_err(|_| TaskError::Cancelled)
     }
 
+    /// Performs what the barrier handler decided.
     fn act(&mut self, action: GateAction) -> TaskResult {
         match action {
             GateAction::Snapshot {
                 barrier,
                 alignment,
                 unaligned,
-            } => self.checkpoint(barrier, alignment, unaligned),
+            } => self.snapshot(barrier, alignment, unaligned),
+            GateAction::Forward { barrier, unaligned } => self.body.emit(if unaligned {
+                Event::UnalignedBarrier(barrier)
+            } else {
+                Event::Barrier(barrier)
+            }),
             GateAction::ChannelState {
                 id,
                 channels,
                 bytes,
             } => self.channel_state_done(id, channels, bytes),
-            GateAction::Decline { id } => {
+            GateAction::Discard { id } => {
+                if self.held.as_ref().is_some_and(|j| j.checkpoint_id == id) {
+                    self.held = None;
+                }
+                self.body.notify_aborted(id)
+            }
+            GateAction::Decline { id, cause } => {
                 if self.held.as_ref().is_some_and(|j| j.checkpoint_id == id) {
                     self.held = None;
                 }
                 let _ = self.events.send(JobEvent::Decline {
                     checkpoint_id: id,
                     attempt: self.attempt,
-                    cause: DeclineCause::Subsumed,
+                    cause,
                 });
                 Ok(())
             }
+            GateAction::NotifyComplete { id } => self.body.notify_complete(id),
+            GateAction::FailAbortedAtEnd { id } => Err(TaskError::msg(format!(
+                "checkpoint {id} was aborted after the input of subtask '{}' #{} ended; its \
+                 pre-committed output must be replayed",
+                self.name, self.subtask
+            ))),
         }
     }
 
-    fn control(&mut self, mail: Mail) -> TaskResult<bool> {
+    fn act_all(&mut self, actions: impl IntoIterator<Item = GateAction>) -> TaskResult {
+        for a in actions {
+            self.act(a)?;
+        }
+        Ok(())
+    }
+
+    /// Control mail (not data); returns true once a source's input ended.
+    fn control(&mut self, gate: &mut InputGate, mail: Mail) -> TaskResult<bool> {
         match mail {
-            Mail::CheckpointComplete(id) => self.body.notify_complete(id)?,
+            Mail::CheckpointComplete(id) => {
+                let a = gate.on_complete(id);
+                self.act(a)?;
+            }
             Mail::CheckpointAborted(id) => {
-                if self.held.as_ref().is_some_and(|j| j.checkpoint_id == id) {
-                    self.held = None;
-                }
-                self.body.notify_aborted(id)?
+                let actions = gate.on_abort(id);
+                self.act_all(actions)?;
             }
             Mail::Cancel => return Err(TaskError::Cancelled),
             Mail::TriggerCheckpoint(b, kind) => {
-                self.checkpoint(b, Duration::ZERO, kind == BarrierKind::Unaligned)?
+                let actions = gate.on_trigger(b, kind);
+                self.act_all(actions)?;
             }
-            Mail::PriorityBarrier { .. } => {}
+            Mail::PriorityBarrier {
+                channel,
+                barrier,
+                batches_before,
+            } => self.on_priority_barrier(gate, channel, barrier, batches_before)?,
             Mail::EndOfInput => {
+                gate.end_input();
                 self.body.end_input(0)?;
                 self.body.emit(Event::EndOfStream)?;
                 return Ok(true);
@@ -323,7 +352,23 @@ impl TaskRuntime {
         Ok(false)
     }
 
+    /// The input ended: serve the mailbox until every snapshot taken has an outcome, so that
+    /// no pre-committed output is left uncommitted when the task finishes (in cluster mode the
+    /// completion travels on another connection than the end of stream).
+    fn finish(&mut self, gate: &mut InputGate) -> TaskResult {
+        while !gate.may_exit() {
+            let mail = match self.inbox.pop_front() {
+                Some(m) => m,
+                None => self.mailbox.recv().map_err(|_| TaskError::Cancelled)?,
+            };
+            self.control(gate, mail)?;
+        }
+        Ok(())
+    }
+
     fn run_source(&mut self) -> TaskResult {
+        // A source has no input channel; the handler still decides its barriers and outcomes.
+        let mut gate = InputGate::new(0, super::gate::AlignmentMode::Aligned);
         let mut exhausted = false;
         let mut idle_until: Option<Instant> = None;
         loop {
@@ -348,8 +393,8 @@ impl TaskRuntime {
                 }
             };
             if let Some(mail) = mail {
-                if self.control(mail)? {
-                    return Ok(());
+                if self.control(&mut gate, mail)? {
+                    return self.finish(&mut gate);
                 }
                 continue;
             }
@@ -398,54 +443,40 @@ impl TaskRuntime {
         mail.map(Some).map_err(|_| TaskError::Cancelled)
     }
 
+    /// Takes everything queued in the mailbox into the inbox, so the handler can look at it.
+    fn take_mailbox(&mut self) {
+        while let Ok(m) = self.mailbox.try_recv() {
+            self.inbox.push_back(m);
+        }
+    }
+
     /// Records, without waiting to process them, the queued batches that are in flight at the
-    /// pending unaligned cut: takes the mailbox's content into the inbox and serializes every
-    /// queued batch that precedes its channel's barrier. Bounded by the channels' credits.
+    /// pending unaligned cut (the handler picks them). Bounded by the channels' credits.
     fn capture_in_flight(&mut self, gate: &mut InputGate) -> TaskResult {
         if gate.pending_unaligned().is_none() {
             return Ok(());
         }
-        while let Ok(m) = self.mailbox.try_recv() {
-            self.inbox.push_back(m);
-        }
+        self.take_mailbox();
         // A batch taken from the mailbox may have been sent after its channel's priority
         // barrier; that barrier is in the priority mailbox by now, so take it first.
         self.drain_priority(gate)?;
-        let Some(id) = gate.pending_unaligned() else {
-            return Ok(());
-        };
-        let channels = self.channel_ports.len();
-        let mut next: Vec<Option<u64>> = (0..channels).map(|c| gate.capture_start(c)).collect();
-        let mut stopped = vec![false; channels];
-        let mut captured = Vec::new();
-        for mail in &self.inbox {
-            let Mail::Data { channel, element } = mail else {
-                continue;
-            };
-            let c = *channel;
-            if stopped[c] {
-                continue;
+        let mut plan = Vec::new();
+        gate.plan_capture(self.inbox.iter().map(data_of), &mut plan);
+        for (i, c, seq) in plan {
+            if let Some(Mail::Data {
+                element: Element::Batch(batch),
+                ..
+            }) = self.inbox.get(i)
+            {
+                let bytes = self.body.encode_batch(self.channel_ports[c], &**batch)?;
+                gate.capture(c, seq, bytes);
+            } else if let Some(Mail::Data {
+                element: Element::Encoded(bytes),
+                ..
+            }) = self.inbox.get(i)
+            {
+                gate.capture(c, seq, bytes.clone());
             }
-            match element {
-                Element::Batch(batch) => {
-                    if let Some(seq) = next[c].as_mut() {
-                        *seq += 1;
-                        if gate.should_capture(c, *seq) {
-                            captured.push((
-                                c,
-                                *seq,
-                                self.body.encode_batch(self.channel_ports[c], &**batch)?,
-                            ));
-                        }
-                    }
-                }
-                // Whatever follows the barrier of this checkpoint is after the cut.
-                Element::Barrier(b) if b.id >= id => stopped[c] = true,
-                _ => {}
-            }
-        }
-        for (c, seq, bytes) in captured {
-            gate.capture(c, seq, bytes);
         }
         if let Some(a) = gate.check_channel_state() {
             self.act(a)?;
@@ -462,12 +493,11 @@ impl TaskRuntime {
                     barrier,
                     batches_before,
                 } => {
-                    for a in gate.on_priority_barrier(channel, barrier, batches_before) {
-                        self.act(a)?;
-                    }
+                    let actions = gate.on_priority_barrier(channel, barrier, batches_before, now());
+                    self.act_all(actions)?;
                 }
                 other => {
-                    self.control(other)?;
+                    self.control(gate, other)?;
                 }
             }
         }
@@ -481,44 +511,18 @@ impl TaskRuntime {
         barrier: Barrier,
         before: u64,
     ) -> TaskResult {
-        for a in gate.on_priority_barrier(channel, barrier, before) {
-            self.act(a)?;
-        }
+        let actions = gate.on_priority_barrier(channel, barrier, before, now());
+        self.act_all(actions)?;
         self.capture_in_flight(gate)
     }
 
-    /// Aligned-with-timeout: an in-band barrier still queued in the mailbox after the timeout
-    /// (counted from the trigger) overtakes the data before it, as an unaligned barrier would.
+    /// Aligned-with-timeout: lets the handler pick an in-band barrier queued past the timeout to
+    /// overtake the data before it.
     fn promote_timed_out_barriers(&mut self, gate: &mut InputGate) -> TaskResult {
-        let Some(timeout) = self.aligned_timeout else {
-            return Ok(());
-        };
-        while let Ok(m) = self.mailbox.try_recv() {
-            self.inbox.push_back(m);
-        }
-        let now = now_ms();
-        let mut pos: Vec<u64> = (0..self.channel_ports.len())
-            .map(|c| gate.next_seq(c))
-            .collect();
-        let mut promoted = None;
-        for (i, mail) in self.inbox.iter().enumerate() {
-            let Mail::Data { channel, element } = mail else {
-                continue;
-            };
-            match element {
-                Element::Batch(_) | Element::Encoded(_) => pos[*channel] += 1,
-                Element::Barrier(b)
-                    if !b.aligned_only
-                        && now.saturating_sub(b.timestamp_ms) >= timeout.as_millis() as u64
-                        && gate.is_new_barrier(*channel, b.id) =>
-                {
-                    promoted = Some((i, *channel, *b, pos[*channel]));
-                    break;
-                }
-                _ => {}
-            }
-        }
-        if let Some((i, channel, barrier, before)) = promoted {
+        self.take_mailbox();
+        if let Some((i, channel, barrier, before)) =
+            gate.promotion(self.inbox.iter().map(data_of), now())
+        {
             self.inbox.remove(i);
             self.on_priority_barrier(gate, channel, barrier, before)?;
         }
@@ -550,9 +554,10 @@ impl TaskRuntime {
     }
 
     fn run_operator(&mut self) -> TaskResult {
-        let Some(mut gate) = self.gate.take() else {
+        let Some(gate) = self.gate.take() else {
             return Err(TaskError::msg("operator task without input gate"));
         };
+        let mut gate = gate.with_aligned_timeout(self.aligned_timeout);
         // In-flight data of the restored checkpoint goes before any new input.
         self.replay_channel_state()?;
         let ports = self
@@ -567,33 +572,22 @@ impl TaskRuntime {
         }
         let mut next_promote_check = Instant::now();
         loop {
-            if self.aligned_timeout.is_some() && Instant::now() >= next_promote_check {
+            if gate.promotes() && Instant::now() >= next_promote_check {
                 next_promote_check = Instant::now() + PROMOTE_CHECK_INTERVAL;
                 self.promote_timed_out_barriers(&mut gate)?;
             }
             if let Some(d) = gate.deadline() {
-                if Instant::now() >= d {
-                    for a in gate.on_timer(Instant::now()) {
-                        self.act(a)?;
-                    }
+                let t = now();
+                if t.at >= d {
+                    let actions = gate.on_timer(t);
+                    self.act_all(actions)?;
                     self.capture_in_flight(&mut gate)?;
                 }
             }
             // Unaligned barriers overtake everything queued.
-            match self.priority.try_recv() {
-                Ok(Mail::PriorityBarrier {
-                    channel,
-                    barrier,
-                    batches_before,
-                }) => {
-                    self.on_priority_barrier(&mut gate, channel, barrier, batches_before)?;
-                    continue;
-                }
-                Ok(other) => {
-                    self.control(other)?;
-                    continue;
-                }
-                Err(_) => {}
+            if let Ok(mail) = self.priority.try_recv() {
+                self.control(&mut gate, mail)?;
+                continue;
             }
             let (ch, element) = match gate.next_parked() {
                 Some(x) => x,
@@ -617,64 +611,44 @@ impl TaskRuntime {
                             Some(e) => (channel, e),
                             None => continue,
                         },
-                        Mail::PriorityBarrier {
-                            channel,
-                            barrier,
-                            batches_before,
-                        } => {
-                            self.on_priority_barrier(&mut gate, channel, barrier, batches_before)?;
-                            continue;
-                        }
-                        Mail::CheckpointAborted(id) => {
-                            gate.abort(id);
-                            self.control(Mail::CheckpointAborted(id))?;
-                            continue;
-                        }
                         other => {
-                            self.control(other)?;
+                            self.control(&mut gate, other)?;
                             continue;
                         }
                     }
                 }
             };
             let port = self.channel_ports[ch];
-            let element = match element {
-                Element::Encoded(bytes) => {
-                    let batch = self.body.decode_batch(port, &bytes)?;
-                    (batch, Some(bytes))
-                }
+            let (batch, encoded) = match element {
+                Element::Encoded(bytes) => (self.body.decode_batch(port, &bytes)?, Some(bytes)),
                 Element::Batch(batch) => (batch, None),
                 other => {
                     self.handle_event(&mut gate, ch, port, other, &mut open_per_port)?;
                     if gate.all_ended() {
-                        return Ok(());
+                        return self.finish(&mut gate);
                     }
                     continue;
                 }
             };
-            {
-                let (batch, encoded) = element;
-                {
-                    self.credits[ch].release();
-                    if gate.pending_unaligned().is_some() && !gate.barrier_seen(ch) {
-                        // Is this batch before or after its channel's barrier? If after, the
-                        // barrier was sent before it and is waiting in the priority mailbox.
-                        self.drain_priority(&mut gate)?;
-                    }
-                    let recorded = if gate.before_batch(ch) {
-                        match encoded {
-                            Some(bytes) => Some(bytes),
-                            None => Some(self.body.encode_batch(port, &*batch)?),
-                        }
-                    } else {
-                        None
-                    };
-                    self.body.process(port, batch)?;
-                    self.inject()?;
-                    if let Some(a) = gate.after_batch(ch, recorded) {
-                        self.act(a)?;
-                    }
+            self.credits[ch].release();
+            if !self.priority.is_empty() {
+                // A priority barrier sent before this batch is in the priority mailbox by now
+                // (it may have arrived after the loop last looked): it goes first, or a batch
+                // after the cut would be processed as if it were before it.
+                self.drain_priority(&mut gate)?;
+            }
+            let recorded = if gate.before_batch(ch) {
+                match encoded {
+                    Some(bytes) => Some(bytes),
+                    None => Some(self.body.encode_batch(port, &*batch)?),
                 }
+            } else {
+                None
+            };
+            self.body.process(port, batch)?;
+            self.inject()?;
+            if let Some(a) = gate.after_batch(ch, recorded) {
+                self.act(a)?;
             }
         }
     }
@@ -690,17 +664,15 @@ impl TaskRuntime {
         match element {
             Element::Barrier(b) => {
                 let was_unaligned = gate.pending_unaligned().is_some();
-                for a in gate.on_barrier(ch, b, self.aligned_timeout) {
-                    self.act(a)?;
-                }
+                let actions = gate.on_barrier(ch, b, now());
+                self.act_all(actions)?;
                 if !was_unaligned {
                     self.capture_in_flight(gate)?;
                 }
             }
             Element::EndOfStream => {
-                for a in gate.on_end_of_stream(ch) {
-                    self.act(a)?;
-                }
+                let actions = gate.on_end_of_stream(ch, now());
+                self.act_all(actions)?;
                 open_per_port[port] -= 1;
                 if open_per_port[port] == 0 {
                     self.body.end_input(port)?;
@@ -712,6 +684,22 @@ impl TaskRuntime {
             Element::Batch(_) | Element::Encoded(_) => {}
         }
         Ok(())
+    }
+}
+
+/// The time now, as the barrier handler takes it.
+fn now() -> Now {
+    Now {
+        at: Instant::now(),
+        wall_ms: now_ms(),
+    }
+}
+
+/// Data mail as the barrier handler looks at the mailbox.
+fn data_of(mail: &Mail) -> Option<(usize, &Element)> {
+    match mail {
+        Mail::Data { channel, element } => Some((*channel, element)),
+        _ => None,
     }
 }
 
@@ -805,6 +793,76 @@ mod tests {
         }
         rt.run().unwrap();
         assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3, 4, 100]);
+    }
+
+    /// Commits of a sink: which checkpoints it was told completed.
+    struct Committer(Arc<Mutex<Vec<u64>>>);
+
+    impl Operator<u32, ()> for Committer {
+        fn process(&mut self, input: &mut Vec<u32>, _out: &mut Vec<()>) -> TaskResult {
+            input.clear();
+            Ok(())
+        }
+        fn notify_complete(&mut self, id: u64) -> TaskResult {
+            self.0.lock().unwrap().push(id);
+            Ok(())
+        }
+    }
+
+    fn barrier(id: u64) -> Barrier {
+        Barrier {
+            id,
+            timestamp_ms: now_ms(),
+            aligned_only: true,
+        }
+    }
+
+    /// Defect 3.2: end of stream may arrive before the completion of the final checkpoint (in
+    /// cluster mode they travel on different connections); the task finishes only after it.
+    #[test]
+    fn a_task_whose_input_ended_finishes_only_after_its_last_checkpoint_completed() {
+        let commits = Arc::new(Mutex::new(Vec::new()));
+        let chain: Box<dyn Chain<u32>> =
+            Box::new(Link::new(Committer(commits.clone()), Box::new(NullChain)));
+        let empty = ChannelStateData {
+            channels_total: 1,
+            channels: vec![],
+        };
+        let (rt, mail_tx, _prio_tx) = operator_task(chain, 1, empty);
+        for element in [Element::Barrier(barrier(7)), Element::EndOfStream] {
+            mail_tx
+                .send(Mail::Data {
+                    channel: 0,
+                    element,
+                })
+                .unwrap();
+        }
+        mail_tx.send(Mail::CheckpointComplete(7)).unwrap();
+        rt.run().unwrap();
+        assert_eq!(*commits.lock().unwrap(), vec![7]);
+    }
+
+    #[test]
+    fn a_task_whose_input_ended_fails_if_its_last_checkpoint_is_aborted() {
+        let empty = ChannelStateData {
+            channels_total: 1,
+            channels: vec![],
+        };
+        let (rt, mail_tx, _prio_tx) = operator_task(Box::new(NullChain), 1, empty);
+        for element in [Element::Barrier(barrier(7)), Element::EndOfStream] {
+            mail_tx
+                .send(Mail::Data {
+                    channel: 0,
+                    element,
+                })
+                .unwrap();
+        }
+        mail_tx.send(Mail::CheckpointAborted(7)).unwrap();
+        let err = rt.run().unwrap_err().to_string();
+        assert!(
+            err.contains("checkpoint 7 was aborted after the input"),
+            "{err}"
+        );
     }
 
     #[test]
