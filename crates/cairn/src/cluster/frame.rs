@@ -184,7 +184,7 @@ mod tests {
             return Err("version");
         }
         match postcard::take_from_bytes::<(String, Vec<u64>)>(&bytes[5..4 + len]) {
-            Ok((_, rest)) if rest.is_empty() => Ok(bytes[..4 + len].to_vec()),
+            Ok((_, [])) => Ok(bytes[..4 + len].to_vec()),
             _ => Err("malformed"),
         }
     }
