@@ -43,7 +43,7 @@ use crate::runtime::chain::{
 use crate::runtime::channel::ChannelSender;
 use crate::runtime::operators::{
     CoProcessOp, FilterOp, FlatMapOp, IdentityOp, KeyedCoProcessOp, KeyedProcessOp, MapOp, Sink,
-    SinkContext, SinkOp, SinkOwner,
+    SinkContext, SinkOp,
 };
 use crate::state::keygroup::stable_hash;
 use crate::state::{Key, KeyedContext, RestoredState};
@@ -55,8 +55,6 @@ impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> Data for T {}
 
 /// What one subtask of an operator is built with.
 pub struct SubtaskInit {
-    /// Job id.
-    pub job_id: String,
     /// Operator uid.
     pub uid: String,
     /// Subtask index.
@@ -142,7 +140,7 @@ type HeadFn = Arc<dyn Fn(AnyBox) -> TaskResult<Box<dyn TaskBody>> + Send + Sync>
 type TwoInputFn =
     Arc<dyn Fn(&mut SubtaskInit, AnyBox) -> TaskResult<Box<dyn TaskBody>> + Send + Sync>;
 type WriterFn = Arc<dyn Fn(Vec<EdgeOutput>) -> TaskResult<AnyBox> + Send + Sync>;
-type SinkInitFn = Arc<dyn Fn(&SinkOwner, Option<Vec<Vec<u8>>>) -> TaskResult + Send + Sync>;
+type SinkInitFn = Arc<dyn Fn(Option<Vec<Vec<u8>>>) -> TaskResult + Send + Sync>;
 
 /// How a node's subtasks are built.
 #[derive(Clone)]
@@ -474,13 +472,9 @@ impl<T: Data> DataStream<T> {
     pub fn sink(self, sink: impl Sink<T>) -> DataStream<()> {
         let sink = Arc::new(sink);
         let s2 = sink.clone();
-        let init: SinkInitFn = Arc::new(move |owner, restored| s2.initialize(owner, restored));
+        let init: SinkInitFn = Arc::new(move |restored| s2.initialize(restored));
         let kind = link_fn::<T, (), SinkOp<T>>(move |init| {
             let writer = sink.create_writer(SinkContext {
-                owner: SinkOwner {
-                    job_id: init.job_id.clone(),
-                    uid: init.uid.clone(),
-                },
                 subtask: init.subtask,
                 parallelism: init.parallelism,
                 checkpointing: init.checkpointing,

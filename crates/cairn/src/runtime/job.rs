@@ -17,7 +17,7 @@ use super::channel::{
 };
 use super::gate::{AlignmentMode, InputGate};
 use super::inject::FailureInjector;
-use super::operators::{SinkOwner, SINK_PENDING_STATE};
+use super::operators::SINK_PENDING_STATE;
 use super::restart::RestartTracker;
 use super::status::{JobState, JobStatus};
 use super::task::{run_uploader, JobEvent, JobMetrics, TaskRuntime, UploadJob};
@@ -590,7 +590,6 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                 let spec = &graph.nodes()[node];
                 let p = plan.node_parallelism[node];
                 SubtaskInit {
-                    job_id: cx.job_id.to_string(),
                     uid: spec.uid.clone(),
                     subtask: i,
                     parallelism: p,
@@ -956,7 +955,7 @@ pub fn run_job_with(
                 JobError::Restore(format!("cannot read back completed checkpoint {id}: {e}"))
             })?);
         }
-        init_sinks(graph, &job_id, restored.as_ref(), |_| true)?;
+        init_sinks(graph, restored.as_ref(), |_| true)?;
         status.set_state(JobState::Running);
         let mut infos: Vec<Option<TaskInfo>> = vec![None; total];
         let mut task_attempt = vec![u32::MAX; total];
@@ -1116,7 +1115,7 @@ pub fn run_job_with(
                             );
                         }
                         let in_region = |node: usize| region_of_task[task_of_node(node)] == r;
-                        init_sinks(graph, &job_id, restored.as_ref(), in_region)?;
+                        init_sinks(graph, restored.as_ref(), in_region)?;
                         for &t in &regions[r] {
                             exhausted[t] = false;
                             exited[t] = false;
@@ -1339,7 +1338,6 @@ fn decide_restart(
 /// checkpoint's pre-committed transactions, discard the rest.
 fn init_sinks(
     graph: &JobGraph,
-    job_id: &str,
     restored: Option<&LoadedCheckpoint>,
     select: impl Fn(usize) -> bool,
 ) -> Result<(), JobError> {
@@ -1349,12 +1347,7 @@ fn init_sinks(
                 continue;
             }
             let pending = restored.map(|c| c.all_list_entries(&node.uid, SINK_PENDING_STATE));
-            let owner = SinkOwner {
-                job_id: job_id.to_string(),
-                uid: node.uid.clone(),
-            };
-            init(&owner, pending)
-                .map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
+            init(pending).map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
         }
     }
     Ok(())
