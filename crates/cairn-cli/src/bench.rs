@@ -210,10 +210,54 @@ impl Drop for Spawned {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Starts a coordinator on ports the system picks and reads them back from the line it prints
+/// once it listens: `(process, worker address, REST address)`. Ports chosen beforehand (bound
+/// and released) could be taken by another process before the coordinator binds them.
+fn spawn_coordinator(
+    exe: &std::path::Path,
+    checkpoint_dir: &std::path::Path,
+) -> Result<(Spawned, String, String)> {
+    use std::io::BufRead;
+    let mut child = Command::new(exe)
+        .args([
+            "coordinator",
+            "--bind",
+            "127.0.0.1:0",
+            "--rest",
+            "127.0.0.1:0",
+        ])
+        .arg("--checkpoint-dir")
+        .arg(checkpoint_dir)
+        .args(["--log", "error"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot start the coordinator")?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the coordinator's stderr is not piped"))?;
+    let coordinator = Spawned(child);
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let prefix = "coordinator listening for workers on ";
+    let listening = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    break rest.to_string();
+                }
+            }
+            Some(Err(e)) => bail!("cannot read the coordinator's output: {e}"),
+            None => bail!("the coordinator exited before it listened"),
+        }
+    };
+    let (bind, rest) = listening
+        .split_once(", REST API on http://")
+        .ok_or_else(|| anyhow::anyhow!("unexpected coordinator line: {listening}"))?;
+    let (bind, rest) = (bind.to_string(), rest.to_string());
+    // Keep reading, so that the coordinator never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Ok((coordinator, bind, rest))
 }
 
 fn spawn_quiet(exe: &std::path::Path, args: &[String]) -> Result<Spawned> {
@@ -248,24 +292,12 @@ fn poll<T>(
 /// Embedded vs cluster throughput, and the time from a worker's SIGKILL to the job running again.
 fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> Result<()> {
     use crate::client::Client;
-    let (bind, rest) = (free_port()?, free_port()?);
     let ck = scratch.join("cluster-ck");
-    let _coord = spawn_quiet(
-        exe,
-        &[
-            "coordinator".into(),
-            "--bind".into(),
-            format!("127.0.0.1:{bind}"),
-            "--rest".into(),
-            format!("127.0.0.1:{rest}"),
-            "--checkpoint-dir".into(),
-            ck.display().to_string(),
-        ],
-    )?;
+    let (_coord, bind, rest) = spawn_coordinator(exe, &ck)?;
     let worker_args = vec![
         "worker".into(),
         "--coordinator".into(),
-        format!("127.0.0.1:{bind}"),
+        bind,
         "--slots".into(),
         "2".into(),
     ];
@@ -273,7 +305,7 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
         spawn_quiet(exe, &worker_args)?,
         spawn_quiet(exe, &worker_args)?,
     ];
-    let client = Client::new(&format!("127.0.0.1:{rest}"), None)?;
+    let client = Client::new(&rest, None)?;
     poll(
         "the coordinator",
         std::time::Duration::from_secs(20),

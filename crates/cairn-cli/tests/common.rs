@@ -4,8 +4,12 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::Instant;
 
 pub fn cairn() -> Command {
     Command::new(env!("CARGO_BIN_EXE_cairn"))
@@ -150,4 +154,114 @@ pub fn shuffled_failpoints(next: &mut impl FnMut() -> u64) -> Vec<&'static str> 
         points.swap(i, (next() % (i as u64 + 1)) as usize);
     }
     points
+}
+
+/// A `cairn` child process whose stderr a thread reads line by line (so the pipe never
+/// fills), killed if the test ends before it does.
+pub struct Watched {
+    child: Child,
+    lines: Receiver<String>,
+    stderr: String,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Watched {
+    /// Spawns `cmd` with stdin and stdout closed and stderr watched.
+    pub fn spawn(cmd: &mut Command) -> Watched {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cairn starts");
+        let err = child.stderr.take().expect("stderr is piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Watched {
+            child,
+            lines,
+            stderr: String::new(),
+        }
+    }
+
+    fn keep(&mut self, line: &str) {
+        self.stderr.push_str(line);
+        self.stderr.push('\n');
+    }
+
+    /// Waits for a stderr line starting with `prefix`; returns the rest of it. Panics with
+    /// stderr so far if the process ends first or `deadline` passes.
+    pub fn wait_for_line(&mut self, prefix: &str, deadline: Instant) -> String {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.keep(&line);
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.to_string();
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no line {prefix:?} in time; stderr:\n{}", self.stderr)
+                }
+                Err(RecvTimeoutError::Disconnected) => panic!(
+                    "cairn ended ({:?}) without a line {prefix:?}; stderr:\n{}",
+                    self.child.wait(),
+                    self.stderr
+                ),
+            }
+        }
+    }
+
+    /// The address of the REST API, read back from the line `cairn run --rest` prints once it
+    /// listens; with `--rest 127.0.0.1:0` the system picks a free port, so no port is chosen
+    /// beforehand that another process could take meanwhile.
+    pub fn rest_addr(&mut self, deadline: Instant) -> SocketAddr {
+        let addr = self.wait_for_line("REST API listening on http://", deadline);
+        addr.parse()
+            .unwrap_or_else(|e| panic!("bad REST address {addr:?}: {e}"))
+    }
+
+    /// Fails the test with the child's stderr if it has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().expect("try_wait") {
+            let (_, stderr) = self.drain(Instant::now() + std::time::Duration::from_secs(10));
+            panic!("cairn exited early ({status}):\n{stderr}");
+        }
+    }
+
+    /// Waits for the process to exit (its stderr to close) before `deadline`; returns its
+    /// status and whole stderr.
+    pub fn wait(mut self, deadline: Instant) -> (ExitStatus, String) {
+        let (closed, stderr) = self.drain(deadline);
+        assert!(closed, "cairn did not exit in time; stderr:\n{stderr}");
+        (self.child.wait().expect("wait"), stderr)
+    }
+
+    /// Reads stderr until it closes (true) or `deadline` passes (false).
+    fn drain(&mut self, deadline: Instant) -> (bool, String) {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.keep(&line),
+                Err(RecvTimeoutError::Timeout) => return (false, self.stderr.clone()),
+                Err(RecvTimeoutError::Disconnected) => return (true, self.stderr.clone()),
+            }
+        }
+    }
 }

@@ -2190,26 +2190,48 @@ mod tests {
     }
 
     #[test]
-    fn odd_yaml_never_panics() {
-        for text in [
-            "? [a, b]\n: 1\n",
-            "1: 2\n",
-            "true: false\n",
-            "~: x\n",
-            "!tag parallelism.default: 2\n",
-            "parallelism.default: !int 2\n",
-            "a: &x 1\nb: *x\n",
-            "<<: {parallelism.default: 2}\n",
-            "execution:\n  checkpointing:\n    interval: 99999999999999999999999999\n",
-            "parallelism.default: 1e3\n",
-            "---\na: 1\n---\nb: 2\n",
-            "\u{0}",
+    fn odd_yaml_is_rejected_naming_what_is_wrong() {
+        // Keys that are not strings, tags, anchors and merge keys: each becomes an unknown
+        // key named as written, never a silently accepted or dropped setting.
+        for (text, key) in [
+            ("? [a, b]\n: 1\n", "[a, b]"),
+            ("1: 2\n", "1"),
+            ("true: false\n", "true"),
+            ("~: x\n", "null"),
+            ("!tag parallelism.default: 2\n", "!tag parallelism.default"),
+            ("a: &x 1\nb: *x\n", "a"),
+            ("<<: {parallelism.default: 2}\n", "<<.parallelism.default"),
         ] {
-            let _ = JobConfig::from_yaml_str(text);
+            match JobConfig::from_yaml_str(text) {
+                Err(ConfigError::UnknownKey { key: k }) => assert_eq!(k, key, "{text:?}"),
+                other => panic!("{text:?}: {other:?}"),
+            }
         }
-        assert!(matches!(
-            JobConfig::from_yaml_str("parallelism.default: !int 2\n"),
-            Err(ConfigError::InvalidValue { .. })
-        ));
+        for (text, value) in [
+            ("parallelism.default: !int 2\n", "!int 2"),
+            ("parallelism.default: 1e3\n", "1000.0"),
+        ] {
+            match JobConfig::from_yaml_str(text) {
+                Err(ConfigError::InvalidValue { key, value: v, .. }) => {
+                    assert_eq!((key.as_str(), v.as_str()), (keys::PARALLELISM, value))
+                }
+                other => panic!("{text:?}: {other:?}"),
+            }
+        }
+        for (text, message) in [
+            (
+                "execution:\n  checkpointing:\n    interval: 99999999999999999999999999\n",
+                "execution.checkpointing.interval: ",
+            ),
+            ("---\na: 1\n---\nb: 2\n", "more than one document"),
+            ("\u{0}", "control characters"),
+        ] {
+            match JobConfig::from_yaml_str(text) {
+                Err(ConfigError::Yaml { message: m, .. }) => {
+                    assert!(m.contains(message), "{text:?}: {m}")
+                }
+                other => panic!("{text:?}: {other:?}"),
+            }
+        }
     }
 }

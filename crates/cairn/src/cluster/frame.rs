@@ -57,13 +57,17 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(
     buf: &mut Vec<u8>,
 ) -> Result<T, FrameError> {
     let mut len = [0u8; 4];
-    if let Err(e) = r.read_exact(&mut len) {
-        return Err(if e.kind() == ErrorKind::UnexpectedEof {
-            FrameError::Closed
-        } else {
-            FrameError::Io(e)
-        });
+    // Only an end of stream before a frame's first byte is a clean close; inside the length
+    // prefix it is a torn frame, an error like a torn payload.
+    loop {
+        match r.read(&mut len[..1]) {
+            Ok(0) => return Err(FrameError::Closed),
+            Ok(_) => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(FrameError::Io(e)),
+        }
     }
+    r.read_exact(&mut len[1..])?;
     let len = u32::from_le_bytes(len) as usize;
     if len > FRAME_BYTES_MAX {
         return Err(FrameError::TooLarge { len });
@@ -77,7 +81,16 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(
     if buf[0] != PROTOCOL_VERSION {
         return Err(FrameError::BadVersion(buf[0]));
     }
-    postcard::from_bytes(&buf[1..]).map_err(|e| FrameError::Malformed(e.to_string()))
+    let (msg, rest) =
+        postcard::take_from_bytes(&buf[1..]).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    // Bytes left over mean the sender wrote another message than the one expected.
+    if !rest.is_empty() {
+        return Err(FrameError::Malformed(format!(
+            "{} bytes after the message",
+            rest.len()
+        )));
+    }
+    Ok(msg)
 }
 
 #[cfg(test)]
@@ -115,18 +128,126 @@ mod tests {
             Err(FrameError::BadVersion(9))
         ));
         let truncated = [10u8, 0, 0, 0, 1, 1];
-        assert!(read_frame::<_, u8>(&mut &truncated[..], &mut buf).is_err());
-        let mut rng = 12345u64;
-        for _ in 0..2000 {
-            let n = (rng % 40) as usize;
-            let mut junk = Vec::with_capacity(n);
-            for _ in 0..n {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                junk.push(rng as u8);
-            }
-            let _ = read_frame::<_, (String, Vec<u64>)>(&mut &junk[..], &mut buf);
+        assert!(matches!(
+            read_frame::<_, u8>(&mut &truncated[..], &mut buf),
+            Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof
+        ));
+    }
+
+    #[test]
+    fn a_torn_length_prefix_is_not_a_clean_close() {
+        let mut buf = Vec::new();
+        for n in 1..4 {
+            let torn = [1u8, 0, 0][..n].to_vec();
+            assert!(
+                matches!(
+                    read_frame::<_, u8>(&mut &torn[..], &mut buf),
+                    Err(FrameError::Io(ref e)) if e.kind() == ErrorKind::UnexpectedEof
+                ),
+                "{n} bytes of a length prefix"
+            );
         }
+    }
+
+    #[test]
+    fn bytes_after_the_message_are_malformed() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &(7u32, 8u32)).unwrap();
+        let mut buf = Vec::new();
+        // Read as a shorter message, the frame has a byte left over.
+        assert!(matches!(
+            read_frame::<_, u32>(&mut &wire[..], &mut buf),
+            Err(FrameError::Malformed(m)) if m == "1 bytes after the message"
+        ));
+    }
+
+    /// What reading one frame of `(String, Vec<u64>)` from `bytes` must give, derived from the
+    /// wire format independently of `read_frame`'s code.
+    fn expected(bytes: &[u8]) -> Result<Vec<u8>, &'static str> {
+        if bytes.is_empty() {
+            return Err("closed");
+        }
+        if bytes.len() < 4 {
+            return Err("eof");
+        }
+        let len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        if len > FRAME_BYTES_MAX {
+            return Err("too large");
+        }
+        if len == 0 {
+            return Err("malformed");
+        }
+        if bytes.len() < 4 + len {
+            return Err("eof");
+        }
+        if bytes[4] != PROTOCOL_VERSION {
+            return Err("version");
+        }
+        match postcard::take_from_bytes::<(String, Vec<u64>)>(&bytes[5..4 + len]) {
+            Ok((_, [])) => Ok(bytes[..4 + len].to_vec()),
+            _ => Err("malformed"),
+        }
+    }
+
+    #[test]
+    fn junk_gives_the_error_of_the_stage_it_fails() {
+        let mut rng = 12345u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut buf = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..4000 {
+            let n = (next() % 40) as usize;
+            let mut junk: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+            // Three in four inputs start like a real frame, so that later stages are reached:
+            // a plausible length with any version, with the right version, or a real frame
+            // with one byte changed or cut short.
+            match i % 4 {
+                1 | 2 if n >= 5 => {
+                    let len = (next() % (n as u64 + 2)) as u32;
+                    junk[..4].copy_from_slice(&len.to_le_bytes());
+                    if i % 4 == 2 {
+                        junk[4] = PROTOCOL_VERSION;
+                    }
+                }
+                3 => {
+                    let text: String = (0..next() % 5).map(|_| 'x').collect();
+                    let numbers: Vec<u64> = (0..next() % 4).map(|_| next() % 1000).collect();
+                    junk.clear();
+                    write_frame(&mut junk, &(text, numbers)).unwrap();
+                    match next() % 3 {
+                        0 => {
+                            let at = (next() as usize) % junk.len();
+                            junk[at] = next() as u8;
+                        }
+                        1 => junk.truncate((next() as usize) % junk.len()),
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+            let got = read_frame::<_, (String, Vec<u64>)>(&mut &junk[..], &mut buf);
+            let want = expected(&junk);
+            match (&got, &want) {
+                (Ok(msg), Ok(frame)) => {
+                    let mut again = Vec::new();
+                    write_frame(&mut again, msg).unwrap();
+                    assert_eq!(&again, frame, "{junk:?} decoded as {msg:?}");
+                }
+                (Err(FrameError::Closed), Err("closed"))
+                | (Err(FrameError::TooLarge { .. }), Err("too large"))
+                | (Err(FrameError::BadVersion(_)), Err("version"))
+                | (Err(FrameError::Malformed(_)), Err("malformed")) => {}
+                (Err(FrameError::Io(e)), Err("eof")) if e.kind() == ErrorKind::UnexpectedEof => {}
+                _ => panic!("{junk:?}: got {got:?}, expected {want:?}"),
+            }
+            seen.insert(want.map_or_else(|stage| stage, |_| "ok"));
+        }
+        let every = ["closed", "eof", "malformed", "ok", "too large", "version"];
+        assert_eq!(seen, every.into_iter().collect(), "stages reached");
     }
 }

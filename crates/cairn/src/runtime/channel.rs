@@ -183,6 +183,8 @@ struct CreditState {
     /// May go below zero by an overdraft (see [`ChannelSender::send_batch_overdraft`]).
     available: isize,
     closed: bool,
+    /// Senders blocked in `acquire`.
+    waiting: usize,
 }
 
 /// The credits of one channel.
@@ -199,6 +201,7 @@ impl Credit {
             state: Mutex::new(CreditState {
                 available: credits as isize,
                 closed: false,
+                waiting: 0,
             }),
             changed: Condvar::new(),
         })
@@ -215,8 +218,17 @@ impl Credit {
                 s.available -= 1;
                 return Ok(());
             }
-            s = self.changed.wait(s).map_err(|_| TaskError::Cancelled)?;
+            s.waiting += 1;
+            let woken = self.changed.wait(s);
+            s = woken.map_err(|_| TaskError::Cancelled)?;
+            s.waiting -= 1;
         }
+    }
+
+    /// Senders waiting for a credit right now (tests observe backpressure through it).
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.state.lock().map_or(0, |s| s.waiting)
     }
 
     /// Takes one credit without waiting, possibly going into debt.
@@ -378,15 +390,23 @@ mod tests {
             let r = s2.send_batch(Box::new(vec![3u32]));
             done_tx.send(r.is_ok()).unwrap();
         });
-        // The third send is blocked: nothing arrives until a credit is returned.
-        assert!(done_rx
-            .recv_timeout(std::time::Duration::from_millis(50))
-            .is_err());
+        // The third send waits for a credit, and has sent nothing while it waits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while credit.waiting() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the third send never waited for a credit"
+            );
+            std::thread::yield_now();
+        }
         assert_eq!(rx.len(), 2);
+        assert!(done_rx.is_empty());
         credit.release();
         assert!(done_rx
             .recv_timeout(std::time::Duration::from_secs(10))
             .unwrap());
+        assert_eq!(rx.len(), 3);
+        assert_eq!(credit.waiting(), 0);
         t.join().unwrap();
         credit.close();
         assert!(matches!(

@@ -261,11 +261,21 @@ impl<K: Key> KeyedContext<K> {
                 if !self.range.contains(kg) {
                     continue;
                 }
-                let entries: Vec<(K, S)> = postcard::from_bytes(&bytes).map_err(|e| {
+                let type_changed = |e: &dyn std::fmt::Display| {
                     TaskError::msg(format!(
                         "cannot restore state '{name}' (key group {kg}): {e}; was its type changed?"
                     ))
-                })?;
+                };
+                // Bytes left over mean the table was written as another type: decoding must
+                // use all of them, or a changed type could restore as garbage.
+                let (entries, rest): (Vec<(K, S)>, _) =
+                    postcard::take_from_bytes(&bytes).map_err(|e| type_changed(&e))?;
+                if !rest.is_empty() {
+                    return Err(type_changed(&format_args!(
+                        "{} bytes left over",
+                        rest.len()
+                    )));
+                }
                 map.extend(entries);
             }
         }
@@ -640,10 +650,26 @@ mod tests {
         ctx.set_current_key(1);
         v.update(&mut ctx, "a fairly long string value".into())
             .unwrap();
-        assert!(ctx.value_state::<u64>("v").is_err());
+        let err = ctx.value_state::<u64>("v").err().unwrap().to_string();
+        assert!(err.contains("'v' is already registered"), "{err}");
         let mut back: KeyedContext<u64> =
             KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
-        assert!(back.map_state::<u64, u64>("v").is_err() || back.entries() == 1);
+        let err = back.map_state::<u64, u64>("v").err().unwrap().to_string();
+        assert!(err.contains("cannot restore state 'v'"), "{err}");
+        assert_eq!(back.entries(), 0);
+    }
+
+    #[test]
+    fn a_restored_value_with_bytes_left_over_is_an_error() {
+        // 300 is the varint [0xAC, 0x02]; read as a u8 it would be 172 with a byte to spare.
+        let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state::<u64>("v").unwrap();
+        ctx.set_current_key(1);
+        v.update(&mut ctx, 300).unwrap();
+        let mut back: KeyedContext<u64> =
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+        let err = back.value_state::<u8>("v").err().unwrap().to_string();
+        assert!(err.contains("cannot restore state 'v'"), "{err}");
     }
 
     #[test]

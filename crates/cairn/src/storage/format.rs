@@ -433,7 +433,7 @@ mod tests {
     }
 
     #[test]
-    fn arbitrary_bytes_never_panic() {
+    fn arbitrary_bytes_are_rejected_at_every_stage() {
         // Deterministic xorshift so the test is reproducible.
         let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut next = move || {
@@ -443,14 +443,40 @@ mod tests {
             state
         };
         let valid = encode(FileKind::Metadata, &sample()).unwrap();
+        let mut rejected_by: std::collections::BTreeMap<&str, usize> = Default::default();
+        let mut check = |bytes: &[u8]| match decode::<Sample>(FileKind::Metadata, bytes) {
+            // Only the valid file itself decodes, and to what was encoded.
+            Ok(v) => {
+                assert_eq!(bytes, valid.as_slice(), "garbage accepted as {v:?}");
+                assert_eq!(v, sample());
+            }
+            Err(e) => {
+                assert!(!e.to_string().contains('\n'), "{e}");
+                let stage = match e {
+                    FormatError::Truncated { .. } => "truncated",
+                    FormatError::BadMagic => "magic",
+                    FormatError::UnsupportedVersion(_) => "version",
+                    FormatError::WrongKind { .. } => "kind",
+                    FormatError::LengthMismatch { .. } => "length",
+                    FormatError::ChecksumMismatch { .. } => "checksum",
+                    FormatError::Decode(_) => "decode",
+                    FormatError::Encode(_) => panic!("decoding gave an encode error: {e}"),
+                };
+                *rejected_by.entry(stage).or_default() += 1;
+            }
+        };
         for _ in 0..2000 {
             let len = (next() % 64) as usize;
             let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-            let _ = decode::<Sample>(FileKind::Metadata, &bytes);
+            check(&bytes);
             // Keep a valid header prefix so that deeper checks are reached.
             let keep = (next() as usize) % (valid.len() + 1);
             bytes.splice(0..0, valid[..keep].iter().copied());
-            let _ = decode::<Sample>(FileKind::Metadata, &bytes);
+            check(&bytes);
+        }
+        // The inputs reach every check up to the checksum, or the loop tests little.
+        for stage in ["truncated", "magic", "length", "checksum"] {
+            assert!(rejected_by.contains_key(stage), "{stage}: {rejected_by:?}");
         }
     }
 
