@@ -1,7 +1,7 @@
 //! The worker process: registers with the coordinator, heartbeats, runs the subtasks deployed
 //! onto its slots, and exchanges channel data with other workers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,6 +59,9 @@ struct AttemptRuntime {
     worker_id: u32,
     secret: String,
     receivers: Mutex<HashMap<usize, Inbox>>,
+    /// `(task, channel)` of every input channel of a local task fed from another worker: the
+    /// only addresses a data frame from the network may name.
+    remote_inputs: Mutex<HashSet<(usize, usize)>>,
     out_credits: Mutex<HashMap<(usize, usize), Arc<Credit>>>,
     return_paths: Mutex<HashMap<(usize, usize), Writer>>,
     peers: Mutex<HashMap<u32, Writer>>,
@@ -109,16 +112,37 @@ impl AttemptRuntime {
             .name(format!("credits-from-{worker}"))
             .spawn(move || {
                 let mut buf = Vec::new();
-                while let Ok(DataMsg::Credit { task, channel }) = read_frame(&mut reader, &mut buf)
-                {
+                loop {
+                    let msg = read_frame::<_, DataMsg>(&mut reader, &mut buf);
                     let Some(rt) = me.upgrade() else { return };
+                    let (task, channel) = match msg {
+                        Ok(DataMsg::Credit { task, channel }) => (task, channel),
+                        Ok(other) => {
+                            warn!("data connection to worker {worker} ({addr}) closed: expected a credit, got {other:?}");
+                            return;
+                        }
+                        Err(FrameError::Closed) => return,
+                        Err(e) => {
+                            if !rt.cancelled.load(Ordering::Acquire) {
+                                warn!("data connection to worker {worker} ({addr}) closed: {e}");
+                            }
+                            return;
+                        }
+                    };
                     let credit = rt
                         .out_credits
                         .lock()
                         .ok()
                         .and_then(|m| m.get(&(task as usize, channel as usize)).cloned());
-                    if let Some(c) = credit {
-                        c.release();
+                    match credit {
+                        Some(c) => c.release(),
+                        None => {
+                            warn!("data connection to worker {worker} ({addr}) closed: credit for task {task} channel {channel}, which this worker does not send to");
+                            if let Ok(s) = reader.try_clone() {
+                                let _ = s.shutdown(Shutdown::Both);
+                            }
+                            return;
+                        }
                     }
                 }
             })
@@ -127,7 +151,24 @@ impl AttemptRuntime {
         Ok(writer)
     }
 
-    fn route(&self, task: usize, channel: usize, frame: DataFrame, from: &Writer) -> bool {
+    /// Delivers a frame from the network to input channel `channel` of local task `task`.
+    fn route(
+        &self,
+        task: usize,
+        channel: usize,
+        frame: DataFrame,
+        from: &Writer,
+    ) -> Result<(), RouteError> {
+        // Indices from the network are checked before anything is indexed by them: a task
+        // thread trusts the channel numbers of its mail.
+        let known = self
+            .remote_inputs
+            .lock()
+            .map_err(|_| RouteError::Stopped)?
+            .contains(&(task, channel));
+        if !known {
+            return Err(RouteError::UnknownChannel);
+        }
         if let Ok(mut paths) = self.return_paths.lock() {
             paths.entry((task, channel)).or_insert_with(|| from.clone());
         }
@@ -137,7 +178,7 @@ impl AttemptRuntime {
             .ok()
             .and_then(|r| r.get(&task).cloned())
         else {
-            return false;
+            return Err(RouteError::Stopped);
         };
         let ok = match frame {
             DataFrame::Batch(bytes) => mailbox.send(Mail::Data {
@@ -160,7 +201,7 @@ impl AttemptRuntime {
                 })
             }
         };
-        ok.is_ok()
+        ok.map_err(|_| RouteError::Stopped)
     }
 
     fn cancel(&self) {
@@ -175,6 +216,15 @@ impl AttemptRuntime {
             }
         }
     }
+}
+
+/// Why a frame from the network was not delivered.
+#[derive(Debug, PartialEq)]
+enum RouteError {
+    /// No input channel of a local task of this attempt has that (task, channel) address.
+    UnknownChannel,
+    /// The receiving task has stopped (its mailbox is gone).
+    Stopped,
 }
 
 struct RemoteChan {
@@ -256,6 +306,11 @@ impl DataLinks for Links {
     }
 
     fn credit_return(&self, task: usize, channel: usize) -> Arc<dyn CreditReturn> {
+        // Deployment asks for the credit return of exactly the local input channels whose
+        // sender is remote, before any data connection may route here.
+        if let Ok(mut r) = self.0.remote_inputs.lock() {
+            r.insert((task, channel));
+        }
         Arc::new(RemoteCredit {
             rt: self.0.clone(),
             task: task as u32,
@@ -338,19 +393,24 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
                 task,
                 channel,
                 frame,
-            }) => {
-                if !rt.route(task as usize, channel as usize, frame, &writer)
-                    && !rt.cancelled.load(Ordering::Acquire)
-                {
-                    warn!("data connection from {peer}: frame for task {task}, which is not running here; closing");
-                    return;
+            }) => match rt.route(task as usize, channel as usize, frame, &writer) {
+                Ok(()) => {}
+                Err(RouteError::UnknownChannel) => {
+                    warn!("data connection from {peer} closed: frame for task {task} channel {channel}, which is not an input channel of attempt {attempt} of job {job_id} fed from another worker");
+                    break;
                 }
-            }
+                Err(RouteError::Stopped) => {
+                    if !rt.cancelled.load(Ordering::Acquire) {
+                        warn!("data connection from {peer} closed: frame for task {task}, which is not running here");
+                    }
+                    break;
+                }
+            },
             Ok(other) => {
                 warn!("data connection from {peer} closed: unexpected {other:?}");
-                return;
+                break;
             }
-            Err(FrameError::Closed) => return,
+            Err(FrameError::Closed) => break,
             Err(e) => {
                 if !rt.cancelled.load(Ordering::Acquire) {
                     warn!("data connection from {peer} closed: {e}");
@@ -361,10 +421,13 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
                         }
                     }
                 }
-                return;
+                break;
             }
         }
     }
+    // The socket is also held in the attempt's list (to stop it on cancel): dropping the reader
+    // alone would leave the connection open, and the peer would not learn it was closed.
+    let _ = reader.shutdown(Shutdown::Both);
 }
 
 fn deploy_attempt(
@@ -390,6 +453,15 @@ fn deploy_attempt(
             spec.assignment.len()
         ));
     }
+    // Deployment indexes per-task vectors by these: a mask of another length would panic there.
+    if spec.deploy_mask.len() != spec.assignment.len() {
+        return Err(format!(
+            "deployment of job '{}' masks {} subtasks but assigns {}",
+            spec.job,
+            spec.deploy_mask.len(),
+            spec.assignment.len()
+        ));
+    }
     let storage: Arc<dyn CheckpointStorage> = match &config.checkpoints_dir {
         Some(dir) => Arc::new(FsStorage::open(dir).map_err(|e| e.to_string())?),
         None => Arc::new(MemoryStorage::new()),
@@ -406,6 +478,7 @@ fn deploy_attempt(
         worker_id,
         secret: opts.secret.clone(),
         receivers: Mutex::new(HashMap::new()),
+        remote_inputs: Mutex::new(HashSet::new()),
         out_credits: Mutex::new(HashMap::new()),
         return_paths: Mutex::new(HashMap::new()),
         peers: Mutex::new(HashMap::new()),
