@@ -812,3 +812,223 @@ fn session(
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::SocketAddr;
+
+    use crossbeam_channel::Receiver;
+
+    use crate::runtime::channel::Barrier;
+
+    use super::*;
+
+    const SECRET: &str = "s3cret";
+
+    /// Log lines written while a closure runs on this thread.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut b) = self.0.lock() {
+                b.extend_from_slice(bytes);
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+
+    /// Attempt 0 of job "j" on worker 2: task 1 runs here with input channel 0 fed from worker 1
+    /// and channel 1 fed locally; task 0 runs on worker 1, whose data address is `worker_1`.
+    fn attempt(worker_1: &str) -> (Arc<Attempts>, Receiver<Mail>, Receiver<Mail>) {
+        let rt = Arc::new(AttemptRuntime {
+            spec: DeploySpec {
+                job_id: "j".into(),
+                attempt: 0,
+                job: "test".into(),
+                args: Vec::new(),
+                checkpoint_dir: None,
+                config_yaml: String::new(),
+                restore: None,
+                assignment: vec![1, 2],
+                deploy_mask: vec![true, true],
+                workers: vec![(1, worker_1.to_string())],
+            },
+            worker_id: 2,
+            secret: SECRET.into(),
+            receivers: Mutex::new(HashMap::new()),
+            remote_inputs: Mutex::new(HashSet::new()),
+            out_credits: Mutex::new(HashMap::new()),
+            return_paths: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+            sockets: Mutex::new(Vec::new()),
+            deployment: Mutex::new(None),
+            cancelled: AtomicBool::new(false),
+        });
+        let links = Links(rt.clone());
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (ptx, prx) = crossbeam_channel::unbounded();
+        links.register_receiver(1, tx, ptx);
+        links.credit_return(1, 0);
+        let attempts = Arc::new(Attempts::default());
+        attempts.map.lock().unwrap().insert(("j".into(), 0), rt);
+        (attempts, rx, prx)
+    }
+
+    /// A peer's data connection, greeted.
+    fn connect(addr: SocketAddr) -> TcpStream {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let hello = DataMsg::Hello {
+            secret: SECRET.into(),
+            job_id: "j".into(),
+            attempt: 0,
+        };
+        write_frame(&mut s, &hello).unwrap();
+        s
+    }
+
+    fn frame(task: u32, channel: u32, frame: DataFrame) -> DataMsg {
+        DataMsg::Frame {
+            task,
+            channel,
+            frame,
+        }
+    }
+
+    #[test]
+    fn a_frame_for_an_unknown_channel_closes_only_its_connection() {
+        let (attempts, mailbox, priority) = attempt("127.0.0.1:9");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+
+        let mut good = connect(addr);
+        let (server, _) = listener.accept().unwrap();
+        {
+            let attempts = attempts.clone();
+            std::thread::spawn(move || serve_data_connection(server, attempts, SECRET.into()));
+        }
+        write_frame(&mut good, &frame(1, 0, DataFrame::Batch(vec![1, 2, 3]))).unwrap();
+        let delivered = mailbox.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(
+            matches!(&delivered, Mail::Data { channel: 0, element: Element::Encoded(b) } if b == &[1, 2, 3]),
+            "{delivered:?}"
+        );
+
+        // Out of range, a local (not network-fed) channel, a task not running here, a task
+        // beyond the job: each closes its connection and delivers nothing.
+        let bad = [
+            (1, 7, DataFrame::EndOfStream),
+            (1, 1, DataFrame::EndOfStream),
+            (0, 0, DataFrame::Batch(vec![4])),
+            (
+                u32::MAX,
+                u32::MAX,
+                DataFrame::PriorityBarrier(
+                    Barrier {
+                        id: 1,
+                        timestamp_ms: 0,
+                        aligned_only: false,
+                    },
+                    1,
+                ),
+            ),
+        ];
+        for (task, channel, f) in bad {
+            let mut conn = connect(addr);
+            write_frame(&mut conn, &frame(task, channel, f)).unwrap();
+            let peer = conn.local_addr().unwrap();
+            let (server, _) = listener.accept().unwrap();
+            let log = Captured::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer({
+                    let log = log.clone();
+                    move || log.clone()
+                })
+                .with_ansi(false)
+                .finish();
+            let served = {
+                let attempts = attempts.clone();
+                std::thread::spawn(move || {
+                    tracing::subscriber::with_default(subscriber, || {
+                        serve_data_connection(server, attempts, SECRET.into())
+                    })
+                })
+            };
+            let mut rest = Vec::new();
+            let closed = conn.read_to_end(&mut rest);
+            assert!(matches!(closed, Ok(0)), "connection not closed: {closed:?}");
+            served.join().unwrap();
+            let log = log.text();
+            assert!(
+                log.contains(&format!(
+                    "WARN cairn::cluster::worker: data connection from {peer} closed: frame for task {task} channel {channel}, which is not an input channel of attempt 0 of job j fed from another worker"
+                )),
+                "{log}"
+            );
+        }
+        assert!(mailbox.try_recv().is_err());
+        assert!(priority.try_recv().is_err());
+
+        // The worker still serves the good connection.
+        write_frame(&mut good, &frame(1, 0, DataFrame::EndOfStream)).unwrap();
+        let delivered = mailbox.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(
+            matches!(
+                delivered,
+                Mail::Data {
+                    channel: 0,
+                    element: Element::EndOfStream
+                }
+            ),
+            "{delivered:?}"
+        );
+    }
+
+    #[test]
+    fn a_credit_for_a_channel_this_worker_does_not_send_to_closes_its_connection() {
+        let peer = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (attempts, _, _) = attempt(&peer.local_addr().unwrap().to_string());
+        let rt = attempts.map.lock().unwrap()[&("j".to_string(), 0)].clone();
+        // Task 1's channel 0 on worker 1 is where this worker sends.
+        Links(rt).channel_to(0, 0, Credit::new(1)).unwrap();
+        let (mut conn, _) = peer.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut buf = Vec::new();
+        let hello = read_frame::<_, DataMsg>(&mut conn, &mut buf).unwrap();
+        assert!(
+            matches!(hello, DataMsg::Hello { attempt: 0, .. }),
+            "{hello:?}"
+        );
+        write_frame(
+            &mut conn,
+            &DataMsg::Credit {
+                task: 0,
+                channel: 0,
+            },
+        )
+        .unwrap();
+        write_frame(
+            &mut conn,
+            &DataMsg::Credit {
+                task: 9,
+                channel: 0,
+            },
+        )
+        .unwrap();
+        let mut rest = Vec::new();
+        let closed = conn.read_to_end(&mut rest);
+        assert!(matches!(closed, Ok(0)), "connection not closed: {closed:?}");
+    }
+}
