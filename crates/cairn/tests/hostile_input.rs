@@ -327,7 +327,8 @@ fn hostile_configurations_are_errors_without_panic_or_large_allocation() {
 /// (`fuzz/corpus/<target>/`); always checks that every seed is accepted by its target's check.
 #[test]
 fn fuzz_seeds_are_valid() {
-    let targets: [(&str, Vec<Vec<u8>>, fn(&[u8]) -> bool); 5] = [
+    type Check = fn(&[u8]) -> bool;
+    let targets: [(&str, Vec<Vec<u8>>, Check); 5] = [
         ("frame", seeds::frames(), check_any_frame),
         (
             "metadata",

@@ -503,7 +503,8 @@ mod tests {
 
     #[test]
     fn metadata_with_bad_indices_is_refused_naming_the_file() {
-        let cases: [(fn(&mut CheckpointMetadata), &str); 5] = [
+        type Edit = fn(&mut CheckpointMetadata);
+        let cases: [(Edit, &str); 5] = [
             (
                 |m| m.max_parallelism = 0,
                 "max parallelism 0 is outside 1..=32768",
