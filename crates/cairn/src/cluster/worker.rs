@@ -219,7 +219,7 @@ impl AttemptRuntime {
 }
 
 /// Why a frame from the network was not delivered.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 enum RouteError {
     /// No input channel of a local task of this attempt has that (task, channel) address.
     UnknownChannel,
