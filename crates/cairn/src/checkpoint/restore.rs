@@ -5,7 +5,7 @@
 //! completed (no `_metadata`) is skipped with a warning; a *completed* one that fails validation
 //! stops the restore, because an older checkpoint would repeat output that sinks committed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,11 +13,12 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::CheckpointMetadata;
+use crate::config::MAX_MAX_PARALLELISM;
 use crate::state::keygroup::KeyGroupRange;
 use crate::state::{OperatorStateData, RestoredState};
 use crate::storage::format::{decode, FileKind};
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, METADATA_FILE};
-use crate::storage::{CheckpointStorage, FsStorage};
+use crate::storage::{validate_path, CheckpointStorage, FsStorage};
 
 /// The content of one subtask's state file: the state of every operator of its chain.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -159,6 +160,7 @@ pub fn load_checkpoint(
             metadata.job_id
         ));
     }
+    validate_metadata(&metadata).map_err(|e| format!("{}: {e}", storage.location(&meta_path)))?;
     let dir = checkpoint_dir(job_id, id);
     let mut files: HashMap<String, TaskStateFile> = HashMap::new();
     let mut states: HashMap<String, Vec<(u32, OperatorStateData)>> = HashMap::new();
@@ -168,6 +170,8 @@ pub fn load_checkpoint(
                 let path = format!("{dir}/{}", h.file);
                 let bytes = storage.read(&path).map_err(|e| e.to_string())?;
                 let f: TaskStateFile = decode(FileKind::TaskState, &bytes)
+                    .map_err(|e| format!("{}: {e}", storage.location(&path)))?;
+                validate_state_file(&f, metadata.max_parallelism)
                     .map_err(|e| format!("{}: {e}", storage.location(&path)))?;
                 files.insert(h.file.clone(), f);
             }
@@ -191,6 +195,79 @@ pub fn load_checkpoint(
         storage_root: None,
         states,
     })
+}
+
+/// Checks every index in `_metadata` that restoring computes with or compares against: the
+/// file is checksummed, but it may come from another build or have been edited.
+fn validate_metadata(m: &CheckpointMetadata) -> Result<(), String> {
+    if !(1..=MAX_MAX_PARALLELISM).contains(&m.max_parallelism) {
+        return Err(format!(
+            "max parallelism {} is outside 1..={MAX_MAX_PARALLELISM}",
+            m.max_parallelism
+        ));
+    }
+    for op in &m.operators {
+        if op.parallelism == 0 {
+            return Err(format!("operator '{}' has parallelism 0", op.uid));
+        }
+        let mut seen = HashSet::new();
+        for h in &op.subtasks {
+            if h.subtask >= op.parallelism {
+                return Err(format!(
+                    "operator '{}' has state for subtask {} but parallelism {}",
+                    op.uid, h.subtask, op.parallelism
+                ));
+            }
+            if !seen.insert(h.subtask) {
+                return Err(format!(
+                    "operator '{}' has two states for subtask {}",
+                    op.uid, h.subtask
+                ));
+            }
+            // A state file lies inside its checkpoint directory.
+            if h.file.contains('/') || validate_path(&h.file).is_err() {
+                return Err(format!(
+                    "operator '{}' names state file '{}', which is not a file name",
+                    op.uid, h.file
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the indices of a task state file: key groups against the checkpoint's max
+/// parallelism, and input channels of in-flight data against the subtask's channel count (the
+/// task indexes its channels by them when it replays the data).
+fn validate_state_file(f: &TaskStateFile, max_parallelism: u32) -> Result<(), String> {
+    for op in &f.operators {
+        for t in &op.keyed {
+            if let Some((kg, _)) = t.groups.iter().find(|(kg, _)| *kg >= max_parallelism) {
+                return Err(format!(
+                    "keyed state '{}' of operator '{}' holds key group {kg}, but there are only {max_parallelism}",
+                    t.name, op.uid
+                ));
+            }
+        }
+        if let Some(c) = &op.channel {
+            let mut seen = HashSet::new();
+            for (ch, _) in &c.channels {
+                if *ch >= c.channels_total {
+                    return Err(format!(
+                        "in-flight data of operator '{}' names input channel {ch} of {}",
+                        op.uid, c.channels_total
+                    ));
+                }
+                if !seen.insert(*ch) {
+                    return Err(format!(
+                        "in-flight data of operator '{}' names input channel {ch} twice",
+                        op.uid
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn checkpoint_ids(storage: &dyn CheckpointStorage, job_id: &str) -> Vec<u64> {
@@ -342,12 +419,13 @@ pub fn list_checkpoints(storage: &dyn CheckpointStorage) -> Result<Vec<Checkpoin
 mod tests {
     use super::*;
     use crate::checkpoint::{OperatorMetadata, SubtaskStateHandle};
+    use crate::state::{ChannelStateData, KeyedTableData};
     use crate::storage::format::encode;
     use crate::storage::MemoryStorage;
 
     /// Writes a completed checkpoint `id` of job `job` with one state file, as the coordinator
     /// would: state first, `_metadata` last.
-    fn write_checkpoint(storage: &MemoryStorage, job: &str, id: u64) {
+    fn write_completed(storage: &MemoryStorage, job: &str, id: u64) {
         let dir = checkpoint_dir(job, id);
         let state = TaskStateFile {
             operators: vec![OperatorStateData {
@@ -393,8 +471,8 @@ mod tests {
     #[test]
     fn the_newest_completed_checkpoint_is_restored() {
         let storage = MemoryStorage::new();
-        write_checkpoint(&storage, "job", 1);
-        write_checkpoint(&storage, "job", 2);
+        write_completed(&storage, "job", 1);
+        write_completed(&storage, "job", 2);
         let c = find_latest(&storage).unwrap().unwrap();
         assert_eq!(c.id(), 2);
     }
@@ -402,7 +480,7 @@ mod tests {
     #[test]
     fn a_checkpoint_that_never_completed_is_skipped() {
         let storage = MemoryStorage::new();
-        write_checkpoint(&storage, "job", 1);
+        write_completed(&storage, "job", 1);
         // Checkpoint 2 was being written when the process died: state, no `_metadata`.
         storage
             .write(
@@ -417,8 +495,8 @@ mod tests {
     #[test]
     fn a_completed_checkpoint_with_a_damaged_state_file_stops_the_restore() {
         let storage = MemoryStorage::new();
-        write_checkpoint(&storage, "job", 1);
-        write_checkpoint(&storage, "job", 2);
+        write_completed(&storage, "job", 1);
+        write_completed(&storage, "job", 2);
         let file = format!("{}/task-0-0", checkpoint_dir("job", 2));
         corrupt(&storage, &file);
         let err = find_latest(&storage)
@@ -436,8 +514,8 @@ mod tests {
     #[test]
     fn a_completed_checkpoint_with_damaged_metadata_stops_the_restore() {
         let storage = MemoryStorage::new();
-        write_checkpoint(&storage, "job", 1);
-        write_checkpoint(&storage, "job", 2);
+        write_completed(&storage, "job", 1);
+        write_completed(&storage, "job", 2);
         corrupt(&storage, &metadata_path("job", 2));
         let err = find_latest(&storage)
             .map(|c| c.map(|c| c.id()))
@@ -447,5 +525,141 @@ mod tests {
             "names the file: {err}"
         );
         assert!(err.contains("would repeat output"), "{err}");
+    }
+
+    /// A checkpoint of one operator `op` at parallelism 2 whose subtask 1 has keyed state and
+    /// in-flight data on two input channels; `edit` changes it before it is written.
+    fn write_checkpoint(
+        edit: impl FnOnce(&mut CheckpointMetadata, &mut TaskStateFile),
+    ) -> MemoryStorage {
+        let mut meta = CheckpointMetadata {
+            job_id: "job".into(),
+            job_name: "test".into(),
+            checkpoint_id: 3,
+            trigger_timestamp_ms: 1,
+            completed_timestamp_ms: 2,
+            max_parallelism: 4,
+            operators: vec![OperatorMetadata {
+                uid: "op".into(),
+                parallelism: 2,
+                subtasks: vec![SubtaskStateHandle {
+                    subtask: 1,
+                    file: "task-0-1".into(),
+                }],
+            }],
+            state_size: 0,
+            tasks: Vec::new(),
+        };
+        let mut state = TaskStateFile {
+            operators: vec![OperatorStateData {
+                uid: "op".into(),
+                keyed: vec![KeyedTableData {
+                    name: "counts".into(),
+                    groups: vec![(2, vec![1]), (3, vec![2])],
+                }],
+                operator: Vec::new(),
+                channel: Some(ChannelStateData {
+                    channels_total: 2,
+                    channels: vec![(0, vec![vec![7]]), (1, vec![vec![8], vec![9]])],
+                }),
+            }],
+        };
+        edit(&mut meta, &mut state);
+        let storage = MemoryStorage::new();
+        storage
+            .write(
+                "job/chk-3/task-0-1",
+                &encode(FileKind::TaskState, &state).unwrap(),
+            )
+            .unwrap();
+        storage
+            .write_atomic(
+                &metadata_path("job", 3),
+                &encode(FileKind::Metadata, &meta).unwrap(),
+            )
+            .unwrap();
+        storage
+    }
+
+    fn load_error(edit: impl FnOnce(&mut CheckpointMetadata, &mut TaskStateFile)) -> String {
+        match load_checkpoint(&write_checkpoint(edit), "job", 3) {
+            Ok(_) => panic!("the checkpoint loaded"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn a_valid_checkpoint_restores_its_channel_state_and_key_groups() {
+        let c = load_checkpoint(&write_checkpoint(|_, _| {}), "job", 3).unwrap();
+        let r = c.restored_for("op", 1, 2);
+        assert_eq!(r.keyed["counts"], vec![(2, vec![1]), (3, vec![2])]);
+        let channel = r.channel.unwrap();
+        assert_eq!(channel.channels_total, 2);
+        assert_eq!(channel.channels[1], (1, vec![vec![8], vec![9]]));
+    }
+
+    #[test]
+    fn channel_state_naming_a_channel_out_of_range_is_refused_naming_the_file() {
+        let e = load_error(|_, s| {
+            if let Some(c) = &mut s.operators[0].channel {
+                c.channels[1].0 = 7;
+            }
+        });
+        assert_eq!(
+            e,
+            "memory:/job/chk-3/task-0-1: in-flight data of operator 'op' names input channel 7 of 2"
+        );
+        let e = load_error(|_, s| {
+            if let Some(c) = &mut s.operators[0].channel {
+                c.channels[1].0 = 0;
+            }
+        });
+        assert_eq!(
+            e,
+            "memory:/job/chk-3/task-0-1: in-flight data of operator 'op' names input channel 0 twice"
+        );
+    }
+
+    #[test]
+    fn key_groups_beyond_max_parallelism_are_refused_naming_the_file() {
+        let e = load_error(|_, s| s.operators[0].keyed[0].groups[1].0 = 4);
+        assert_eq!(
+            e,
+            "memory:/job/chk-3/task-0-1: keyed state 'counts' of operator 'op' holds key group 4, but there are only 4"
+        );
+    }
+
+    #[test]
+    fn metadata_with_bad_indices_is_refused_naming_the_file() {
+        type Edit = fn(&mut CheckpointMetadata);
+        let cases: [(Edit, &str); 5] = [
+            (
+                |m| m.max_parallelism = 0,
+                "max parallelism 0 is outside 1..=32768",
+            ),
+            (
+                |m| m.operators[0].subtasks[0].subtask = 2,
+                "operator 'op' has state for subtask 2 but parallelism 2",
+            ),
+            (
+                |m| m.operators[0].parallelism = 0,
+                "operator 'op' has parallelism 0",
+            ),
+            (
+                |m| {
+                    let h = m.operators[0].subtasks[0].clone();
+                    m.operators[0].subtasks.push(h);
+                },
+                "operator 'op' has two states for subtask 1",
+            ),
+            (
+                |m| m.operators[0].subtasks[0].file = "../other".into(),
+                "operator 'op' names state file '../other', which is not a file name",
+            ),
+        ];
+        for (edit, message) in cases {
+            let e = load_error(|m, _| edit(m));
+            assert_eq!(e, format!("memory:/job/chk-3/_metadata: {message}"));
+        }
     }
 }

@@ -13,6 +13,8 @@ use serde::Serialize;
 pub const PROTOCOL_VERSION: u8 = 2;
 /// Largest frame accepted (payload plus version byte).
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
+/// The first read of a frame's body asks for at most this much; later reads double it.
+const READ_CHUNK_BYTES: usize = 1 << 20;
 
 /// Why a frame could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +28,12 @@ pub enum FrameError {
     /// The length prefix exceeds the limit.
     #[error("frame of {len} bytes exceeds the limit of {FRAME_BYTES_MAX} bytes")]
     TooLarge {
+        /// Announced length.
+        len: usize,
+    },
+    /// The connection ended inside a frame.
+    #[error("connection closed inside a frame of {len} bytes")]
+    Truncated {
         /// Announced length.
         len: usize,
     },
@@ -76,8 +84,20 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(
         return Err(FrameError::Malformed("empty frame".into()));
     }
     buf.clear();
-    buf.resize(len, 0);
-    r.read_exact(buf)?;
+    // The buffer grows with the bytes that arrive (doubling from one chunk), not to the
+    // announced length up front: announcing a large frame and sending nothing costs no memory.
+    while buf.len() < len {
+        let start = buf.len();
+        let end = len.min(start + start.max(READ_CHUNK_BYTES));
+        buf.resize(end, 0);
+        if let Err(e) = r.read_exact(&mut buf[start..]) {
+            return Err(if e.kind() == ErrorKind::UnexpectedEof {
+                FrameError::Truncated { len }
+            } else {
+                FrameError::Io(e)
+            });
+        }
+    }
     if buf[0] != PROTOCOL_VERSION {
         return Err(FrameError::BadVersion(buf[0]));
     }
@@ -130,7 +150,7 @@ mod tests {
         let truncated = [10u8, 0, 0, 0, 1, 1];
         assert!(matches!(
             read_frame::<_, u8>(&mut &truncated[..], &mut buf),
-            Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof
+            Err(FrameError::Truncated { len: 10 })
         ));
     }
 
@@ -178,7 +198,7 @@ mod tests {
             return Err("malformed");
         }
         if bytes.len() < 4 + len {
-            return Err("eof");
+            return Err("truncated");
         }
         if bytes[4] != PROTOCOL_VERSION {
             return Err("version");
@@ -243,11 +263,20 @@ mod tests {
                 | (Err(FrameError::BadVersion(_)), Err("version"))
                 | (Err(FrameError::Malformed(_)), Err("malformed")) => {}
                 (Err(FrameError::Io(e)), Err("eof")) if e.kind() == ErrorKind::UnexpectedEof => {}
+                (Err(FrameError::Truncated { .. }), Err("truncated")) => {}
                 _ => panic!("{junk:?}: got {got:?}, expected {want:?}"),
             }
             seen.insert(want.map_or_else(|stage| stage, |_| "ok"));
         }
-        let every = ["closed", "eof", "malformed", "ok", "too large", "version"];
+        let every = [
+            "closed",
+            "eof",
+            "malformed",
+            "ok",
+            "too large",
+            "truncated",
+            "version",
+        ];
         assert_eq!(seen, every.into_iter().collect(), "stages reached");
     }
 }

@@ -1,7 +1,7 @@
 //! The worker process: registers with the coordinator, heartbeats, runs the subtasks deployed
 //! onto its slots, and exchanges channel data with other workers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,6 +59,9 @@ struct AttemptRuntime {
     worker_id: u32,
     secret: String,
     receivers: Mutex<HashMap<usize, Inbox>>,
+    /// `(task, channel)` of every input channel of a local task fed from another worker: the
+    /// only addresses a data frame from the network may name.
+    remote_inputs: Mutex<HashSet<(usize, usize)>>,
     out_credits: Mutex<HashMap<(usize, usize), Arc<Credit>>>,
     return_paths: Mutex<HashMap<(usize, usize), Writer>>,
     peers: Mutex<HashMap<u32, Writer>>,
@@ -109,16 +112,37 @@ impl AttemptRuntime {
             .name(format!("credits-from-{worker}"))
             .spawn(move || {
                 let mut buf = Vec::new();
-                while let Ok(DataMsg::Credit { task, channel }) = read_frame(&mut reader, &mut buf)
-                {
+                loop {
+                    let msg = read_frame::<_, DataMsg>(&mut reader, &mut buf);
                     let Some(rt) = me.upgrade() else { return };
+                    let (task, channel) = match msg {
+                        Ok(DataMsg::Credit { task, channel }) => (task, channel),
+                        Ok(other) => {
+                            warn!("data connection to worker {worker} ({addr}) closed: expected a credit, got {other:?}");
+                            return;
+                        }
+                        Err(FrameError::Closed) => return,
+                        Err(e) => {
+                            if !rt.cancelled.load(Ordering::Acquire) {
+                                warn!("data connection to worker {worker} ({addr}) closed: {e}");
+                            }
+                            return;
+                        }
+                    };
                     let credit = rt
                         .out_credits
                         .lock()
                         .ok()
                         .and_then(|m| m.get(&(task as usize, channel as usize)).cloned());
-                    if let Some(c) = credit {
-                        c.release();
+                    match credit {
+                        Some(c) => c.release(),
+                        None => {
+                            warn!("data connection to worker {worker} ({addr}) closed: credit for task {task} channel {channel}, which this worker does not send to");
+                            if let Ok(s) = reader.try_clone() {
+                                let _ = s.shutdown(Shutdown::Both);
+                            }
+                            return;
+                        }
                     }
                 }
             })
@@ -127,7 +151,24 @@ impl AttemptRuntime {
         Ok(writer)
     }
 
-    fn route(&self, task: usize, channel: usize, frame: DataFrame, from: &Writer) -> bool {
+    /// Delivers a frame from the network to input channel `channel` of local task `task`.
+    fn route(
+        &self,
+        task: usize,
+        channel: usize,
+        frame: DataFrame,
+        from: &Writer,
+    ) -> Result<(), RouteError> {
+        // Indices from the network are checked before anything is indexed by them: a task
+        // thread trusts the channel numbers of its mail.
+        let known = self
+            .remote_inputs
+            .lock()
+            .map_err(|_| RouteError::Stopped)?
+            .contains(&(task, channel));
+        if !known {
+            return Err(RouteError::UnknownChannel);
+        }
         if let Ok(mut paths) = self.return_paths.lock() {
             paths.entry((task, channel)).or_insert_with(|| from.clone());
         }
@@ -137,7 +178,7 @@ impl AttemptRuntime {
             .ok()
             .and_then(|r| r.get(&task).cloned())
         else {
-            return false;
+            return Err(RouteError::Stopped);
         };
         let ok = match frame {
             DataFrame::Batch(bytes) => mailbox.send(Mail::Data {
@@ -160,7 +201,7 @@ impl AttemptRuntime {
                 })
             }
         };
-        ok.is_ok()
+        ok.map_err(|_| RouteError::Stopped)
     }
 
     fn cancel(&self) {
@@ -175,6 +216,15 @@ impl AttemptRuntime {
             }
         }
     }
+}
+
+/// Why a frame from the network was not delivered.
+#[derive(Debug)]
+enum RouteError {
+    /// No input channel of a local task of this attempt has that (task, channel) address.
+    UnknownChannel,
+    /// The receiving task has stopped (its mailbox is gone).
+    Stopped,
 }
 
 struct RemoteChan {
@@ -256,6 +306,11 @@ impl DataLinks for Links {
     }
 
     fn credit_return(&self, task: usize, channel: usize) -> Arc<dyn CreditReturn> {
+        // Deployment asks for the credit return of exactly the local input channels whose
+        // sender is remote, before any data connection may route here.
+        if let Ok(mut r) = self.0.remote_inputs.lock() {
+            r.insert((task, channel));
+        }
         Arc::new(RemoteCredit {
             rt: self.0.clone(),
             task: task as u32,
@@ -338,19 +393,24 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
                 task,
                 channel,
                 frame,
-            }) => {
-                if !rt.route(task as usize, channel as usize, frame, &writer)
-                    && !rt.cancelled.load(Ordering::Acquire)
-                {
-                    warn!("data connection from {peer}: frame for task {task}, which is not running here; closing");
-                    return;
+            }) => match rt.route(task as usize, channel as usize, frame, &writer) {
+                Ok(()) => {}
+                Err(RouteError::UnknownChannel) => {
+                    warn!("data connection from {peer} closed: frame for task {task} channel {channel}, which is not an input channel of attempt {attempt} of job {job_id} fed from another worker");
+                    break;
                 }
-            }
+                Err(RouteError::Stopped) => {
+                    if !rt.cancelled.load(Ordering::Acquire) {
+                        warn!("data connection from {peer} closed: frame for task {task}, which is not running here");
+                    }
+                    break;
+                }
+            },
             Ok(other) => {
                 warn!("data connection from {peer} closed: unexpected {other:?}");
-                return;
+                break;
             }
-            Err(FrameError::Closed) => return,
+            Err(FrameError::Closed) => break,
             Err(e) => {
                 if !rt.cancelled.load(Ordering::Acquire) {
                     warn!("data connection from {peer} closed: {e}");
@@ -361,10 +421,13 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
                         }
                     }
                 }
-                return;
+                break;
             }
         }
     }
+    // The socket is also held in the attempt's list (to stop it on cancel): dropping the reader
+    // alone would leave the connection open, and the peer would not learn it was closed.
+    let _ = reader.shutdown(Shutdown::Both);
 }
 
 fn deploy_attempt(
@@ -390,6 +453,15 @@ fn deploy_attempt(
             spec.assignment.len()
         ));
     }
+    // Deployment indexes per-task vectors by these: a mask of another length would panic there.
+    if spec.deploy_mask.len() != spec.assignment.len() {
+        return Err(format!(
+            "deployment of job '{}' masks {} subtasks but assigns {}",
+            spec.job,
+            spec.deploy_mask.len(),
+            spec.assignment.len()
+        ));
+    }
     let storage: Arc<dyn CheckpointStorage> = match &config.checkpoints_dir {
         Some(dir) => Arc::new(FsStorage::open(dir).map_err(|e| e.to_string())?),
         None => Arc::new(MemoryStorage::new()),
@@ -406,6 +478,7 @@ fn deploy_attempt(
         worker_id,
         secret: opts.secret.clone(),
         receivers: Mutex::new(HashMap::new()),
+        remote_inputs: Mutex::new(HashSet::new()),
         out_credits: Mutex::new(HashMap::new()),
         return_paths: Mutex::new(HashMap::new()),
         peers: Mutex::new(HashMap::new()),
@@ -738,4 +811,224 @@ fn session(
         let _ = (&*s).flush();
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::SocketAddr;
+
+    use crossbeam_channel::Receiver;
+
+    use crate::runtime::channel::Barrier;
+
+    use super::*;
+
+    const SECRET: &str = "s3cret";
+
+    /// Log lines written while a closure runs on this thread.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut b) = self.0.lock() {
+                b.extend_from_slice(bytes);
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+
+    /// Attempt 0 of job "j" on worker 2: task 1 runs here with input channel 0 fed from worker 1
+    /// and channel 1 fed locally; task 0 runs on worker 1, whose data address is `worker_1`.
+    fn attempt(worker_1: &str) -> (Arc<Attempts>, Receiver<Mail>, Receiver<Mail>) {
+        let rt = Arc::new(AttemptRuntime {
+            spec: DeploySpec {
+                job_id: "j".into(),
+                attempt: 0,
+                job: "test".into(),
+                args: Vec::new(),
+                checkpoint_dir: None,
+                config_yaml: String::new(),
+                restore: None,
+                assignment: vec![1, 2],
+                deploy_mask: vec![true, true],
+                workers: vec![(1, worker_1.to_string())],
+            },
+            worker_id: 2,
+            secret: SECRET.into(),
+            receivers: Mutex::new(HashMap::new()),
+            remote_inputs: Mutex::new(HashSet::new()),
+            out_credits: Mutex::new(HashMap::new()),
+            return_paths: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+            sockets: Mutex::new(Vec::new()),
+            deployment: Mutex::new(None),
+            cancelled: AtomicBool::new(false),
+        });
+        let links = Links(rt.clone());
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (ptx, prx) = crossbeam_channel::unbounded();
+        links.register_receiver(1, tx, ptx);
+        links.credit_return(1, 0);
+        let attempts = Arc::new(Attempts::default());
+        attempts.map.lock().unwrap().insert(("j".into(), 0), rt);
+        (attempts, rx, prx)
+    }
+
+    /// A peer's data connection, greeted.
+    fn connect(addr: SocketAddr) -> TcpStream {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let hello = DataMsg::Hello {
+            secret: SECRET.into(),
+            job_id: "j".into(),
+            attempt: 0,
+        };
+        write_frame(&mut s, &hello).unwrap();
+        s
+    }
+
+    fn frame(task: u32, channel: u32, frame: DataFrame) -> DataMsg {
+        DataMsg::Frame {
+            task,
+            channel,
+            frame,
+        }
+    }
+
+    #[test]
+    fn a_frame_for_an_unknown_channel_closes_only_its_connection() {
+        let (attempts, mailbox, priority) = attempt("127.0.0.1:9");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+
+        let mut good = connect(addr);
+        let (server, _) = listener.accept().unwrap();
+        {
+            let attempts = attempts.clone();
+            std::thread::spawn(move || serve_data_connection(server, attempts, SECRET.into()));
+        }
+        write_frame(&mut good, &frame(1, 0, DataFrame::Batch(vec![1, 2, 3]))).unwrap();
+        let delivered = mailbox.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(
+            matches!(&delivered, Mail::Data { channel: 0, element: Element::Encoded(b) } if b == &[1, 2, 3]),
+            "{delivered:?}"
+        );
+
+        // Out of range, a local (not network-fed) channel, a task not running here, a task
+        // beyond the job: each closes its connection and delivers nothing.
+        let bad = [
+            (1, 7, DataFrame::EndOfStream),
+            (1, 1, DataFrame::EndOfStream),
+            (0, 0, DataFrame::Batch(vec![4])),
+            (
+                u32::MAX,
+                u32::MAX,
+                DataFrame::PriorityBarrier(
+                    Barrier {
+                        id: 1,
+                        timestamp_ms: 0,
+                        aligned_only: false,
+                    },
+                    1,
+                ),
+            ),
+        ];
+        for (task, channel, f) in bad {
+            let mut conn = connect(addr);
+            write_frame(&mut conn, &frame(task, channel, f)).unwrap();
+            let peer = conn.local_addr().unwrap();
+            let (server, _) = listener.accept().unwrap();
+            let log = Captured::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer({
+                    let log = log.clone();
+                    move || log.clone()
+                })
+                .with_ansi(false)
+                .finish();
+            let served = {
+                let attempts = attempts.clone();
+                std::thread::spawn(move || {
+                    tracing::subscriber::with_default(subscriber, || {
+                        serve_data_connection(server, attempts, SECRET.into())
+                    })
+                })
+            };
+            let mut rest = Vec::new();
+            let closed = conn.read_to_end(&mut rest);
+            assert!(matches!(closed, Ok(0)), "connection not closed: {closed:?}");
+            served.join().unwrap();
+            let log = log.text();
+            assert!(
+                log.contains(&format!(
+                    "WARN cairn::cluster::worker: data connection from {peer} closed: frame for task {task} channel {channel}, which is not an input channel of attempt 0 of job j fed from another worker"
+                )),
+                "{log}"
+            );
+        }
+        assert!(mailbox.try_recv().is_err());
+        assert!(priority.try_recv().is_err());
+
+        // The worker still serves the good connection.
+        write_frame(&mut good, &frame(1, 0, DataFrame::EndOfStream)).unwrap();
+        let delivered = mailbox.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(
+            matches!(
+                delivered,
+                Mail::Data {
+                    channel: 0,
+                    element: Element::EndOfStream
+                }
+            ),
+            "{delivered:?}"
+        );
+    }
+
+    #[test]
+    fn a_credit_for_a_channel_this_worker_does_not_send_to_closes_its_connection() {
+        let peer = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (attempts, _, _) = attempt(&peer.local_addr().unwrap().to_string());
+        let rt = attempts.map.lock().unwrap()[&("j".to_string(), 0)].clone();
+        // Task 1's channel 0 on worker 1 is where this worker sends.
+        Links(rt).channel_to(0, 0, Credit::new(1)).unwrap();
+        let (mut conn, _) = peer.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut buf = Vec::new();
+        let hello = read_frame::<_, DataMsg>(&mut conn, &mut buf).unwrap();
+        assert!(
+            matches!(hello, DataMsg::Hello { attempt: 0, .. }),
+            "{hello:?}"
+        );
+        write_frame(
+            &mut conn,
+            &DataMsg::Credit {
+                task: 0,
+                channel: 0,
+            },
+        )
+        .unwrap();
+        write_frame(
+            &mut conn,
+            &DataMsg::Credit {
+                task: 9,
+                channel: 0,
+            },
+        )
+        .unwrap();
+        let mut rest = Vec::new();
+        let closed = conn.read_to_end(&mut rest);
+        assert!(matches!(closed, Ok(0)), "connection not closed: {closed:?}");
+    }
 }
