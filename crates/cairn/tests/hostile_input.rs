@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use cairn::checkpoint::restore::TaskStateFile;
 use cairn::checkpoint::CheckpointMetadata;
-use cairn::cluster::frame::{read_frame, FrameError, FRAME_BYTES_MAX};
+use cairn::cluster::frame::{read_frame, FrameError, FRAME_BYTES_MAX, PROTOCOL_VERSION};
 use cairn::cluster::protocol::{DataMsg, ToCoordinator, ToWorker};
 use cairn::storage::format::{decode, encode, encode_frame, FileKind, FormatError};
 use proptest::prelude::*;
@@ -197,7 +197,7 @@ fn hostile_frames_are_errors_without_panic_or_large_allocation() {
 #[test]
 fn a_frame_announcing_the_maximum_and_sending_nothing_allocates_one_chunk() {
     let mut input = ((FRAME_BYTES_MAX) as u32).to_le_bytes().to_vec();
-    input.extend_from_slice(&[1, 0, 0]);
+    input.extend_from_slice(&[PROTOCOL_VERSION, 0, 0]);
     let (result, largest) = largest_allocation(|| {
         let mut buf = Vec::new();
         read_frame::<_, DataMsg>(&mut &input[..], &mut buf)
@@ -214,7 +214,7 @@ fn a_batch_claiming_four_gib_is_refused_without_allocating_it() {
     // DataMsg::Frame { task: 0, channel: 0, frame: Batch(<length 2^32 - 1, no bytes>) }.
     let payload = [1u8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f];
     let mut input = ((payload.len() + 1) as u32).to_le_bytes().to_vec();
-    input.push(1);
+    input.push(PROTOCOL_VERSION);
     input.extend_from_slice(&payload);
     let (result, largest) = largest_allocation(|| {
         let mut buf = Vec::new();
