@@ -47,7 +47,7 @@ pub use crate::runtime::graph::{
 };
 use crate::runtime::operators::{
     CoProcessOp, FilterOp, FlatMapOp, IdentityOp, KeyedCoProcessOp, KeyedProcessOp, MapOp, Sink,
-    SinkContext, SinkOp,
+    SinkContext, SinkOp, SinkOwner,
 };
 use crate::state::keygroup::stable_hash;
 use crate::state::{Key, KeyedContext};
@@ -321,9 +321,13 @@ impl<T: Data> DataStream<T> {
     pub fn sink(self, sink: impl Sink<T>) -> DataStream<()> {
         let sink = Arc::new(sink);
         let s2 = sink.clone();
-        let init: SinkInitFn = Arc::new(move |restored| s2.initialize(restored));
+        let init: SinkInitFn = Arc::new(move |owner, restored| s2.initialize(owner, restored));
         let kind = link_fn::<T, (), SinkOp<T>>(move |init| {
             let writer = sink.create_writer(SinkContext {
+                owner: SinkOwner {
+                    job_id: init.job_id.clone(),
+                    uid: init.uid.clone(),
+                },
                 subtask: init.subtask,
                 parallelism: init.parallelism,
                 checkpointing: init.checkpointing,

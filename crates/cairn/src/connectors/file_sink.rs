@@ -1,16 +1,22 @@
 //! The exactly-once file sink (two-phase commit, R16).
 //!
-//! A subtask writes into an in-progress file `.part-<run>-<subtask>-<n>.inprogress`. At the
-//! barrier of checkpoint c (pre-commit) the file is flushed, fsynced and renamed to
-//! `.part-<run>-<subtask>-<n>.pending`, and it is remembered in the sink's state. When c
-//! completes (commit) pending files up to c are renamed to `part-<run>-<subtask>-<n>`. Only
-//! committed files have names without a leading `.`.
+//! A subtask writes into an in-progress file `.<base>.inprogress`. At the barrier of checkpoint
+//! c (pre-commit) the file is flushed, fsynced and renamed to `.<base>.pending`, and it is
+//! remembered in the sink's state. When c completes (commit) pending files up to c are renamed
+//! to `<base>`. Only committed files have names without a leading `.`.
+//!
+//! `<base>` is `part-<run>-<job>-<uid>-<subtask>-<n>`: a random number per writer (per
+//! attempt), the job id, the sink's uid, the subtask and a sequence number. Job id and uid are escaped
+//! (every byte outside `[A-Za-z0-9_.]` as `%XX`), so they never contain `-` and a name tells
+//! unambiguously which job's which sink wrote it.
 //!
 //! Before an attempt starts, [`FileSink::initialize`] commits the pending files of the restored
-//! checkpoint (idempotently: a file already renamed is fine) and deletes every other in-progress
-//! or pending file — data that no completed checkpoint covers, and that the replay writes again.
-//! The output directory therefore belongs to one job.
-
+//! checkpoint (idempotently: a file already renamed is fine) and deletes the other in-progress
+//! and pending files *of the same job and uid*: what a failed attempt of this very sink wrote
+//! after the restored checkpoint, which no completed checkpoint covers and the replay writes
+//! again. As with Flink's `FileSink`, files of other jobs and other sinks are never touched, so
+//! several sinks and jobs can share one output directory. Leftovers whose job never resumes
+//! (it was restored under a new job id, or abandoned) stay behind as hidden files.
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -20,7 +26,7 @@ use tracing::info;
 
 use super::Encoder;
 use crate::error::{TaskError, TaskResult};
-use crate::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkWriter};
+use crate::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkOwner, SinkWriter};
 
 /// Writes records as lines into files under a directory, exactly once.
 pub struct FileSink<T> {
@@ -50,6 +56,63 @@ fn pending_name(base: &str) -> String {
 
 fn in_progress_name(base: &str) -> String {
     format!(".{base}.inprogress")
+}
+
+/// Escapes a job id or uid for a file name: no `-` (the separator of the name's fields), no
+/// `/`, nothing a filesystem might refuse.
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'.' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The escaped job id and uid that every base name `owner` writes carries.
+struct OwnerTag {
+    job: String,
+    uid: String,
+}
+
+impl OwnerTag {
+    fn new(owner: &SinkOwner) -> Self {
+        OwnerTag {
+            job: escape(&owner.job_id),
+            uid: escape(&owner.uid),
+        }
+    }
+
+    /// The base name of file `n` of the writer `run` of `subtask`. The writer's run comes
+    /// first, where tools and tests that count writer instances find it.
+    fn base(&self, run: u32, subtask: u32, n: u64) -> String {
+        format!("part-{run:08x}-{}-{}-{subtask}-{n}", self.job, self.uid)
+    }
+
+    /// Whether `base` was written by this owner: `part-<run>-<job>-<uid>-<subtask>-<n>`.
+    fn owns(&self, base: &str) -> bool {
+        let hex = |f: &str| !f.is_empty() && f.bytes().all(|b| b.is_ascii_hexdigit());
+        let digits = |f: &str| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit());
+        match base.split('-').collect::<Vec<_>>()[..] {
+            ["part", run, job, uid, subtask, n] => {
+                hex(run) && job == self.job && uid == self.uid && digits(subtask) && digits(n)
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `name` is an in-progress or pending file of this owner.
+    fn owns_uncommitted(&self, name: &str) -> bool {
+        name.strip_prefix('.')
+            .and_then(|h| {
+                h.strip_suffix(".inprogress")
+                    .or_else(|| h.strip_suffix(".pending"))
+            })
+            .is_some_and(|base| self.owns(base))
+    }
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> TaskError {
@@ -87,7 +150,7 @@ impl<T: Send + 'static> Sink<T> for FileSink<T> {
         SinkGuarantee::ExactlyOnce
     }
 
-    fn initialize(&self, restored: Option<Vec<Vec<u8>>>) -> TaskResult {
+    fn initialize(&self, owner: &SinkOwner, restored: Option<Vec<Vec<u8>>>) -> TaskResult {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| io_err("create output directory", &self.dir, e))?;
         let mut committed = 0;
@@ -99,14 +162,13 @@ impl<T: Send + 'static> Sink<T> for FileSink<T> {
                 committed += 1;
             }
         }
+        let tag = OwnerTag::new(owner);
         let mut removed = 0;
         let entries = std::fs::read_dir(&self.dir).map_err(|e| io_err("list", &self.dir, e))?;
         for e in entries {
             let e = e.map_err(|e| io_err("list", &self.dir, e))?;
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(".part-")
-                && (name.ends_with(".inprogress") || name.ends_with(".pending"))
-            {
+            if tag.owns_uncommitted(&name) {
                 std::fs::remove_file(e.path()).map_err(|err| io_err("remove", &e.path(), err))?;
                 removed += 1;
             }
@@ -114,8 +176,10 @@ impl<T: Send + 'static> Sink<T> for FileSink<T> {
         sync_dir(&self.dir)?;
         if committed > 0 || removed > 0 {
             info!(
-                "file sink {}: committed {committed} pending file(s) of the restored checkpoint, removed {removed} uncommitted file(s)",
-                self.dir.display()
+                "file sink '{}' in {}: committed {committed} pending file(s) of the restored checkpoint, removed {removed} uncommitted file(s) of job {}",
+                owner.uid,
+                self.dir.display(),
+                owner.job_id
             );
         }
         Ok(())
@@ -125,7 +189,9 @@ impl<T: Send + 'static> Sink<T> for FileSink<T> {
         Ok(Box::new(FileSinkWriter {
             dir: self.dir.clone(),
             encoder: self.encoder.clone(),
-            prefix: format!("part-{:08x}-{}", fastrand::u32(..), ctx.subtask),
+            tag: OwnerTag::new(&ctx.owner),
+            run: fastrand::u32(..),
+            subtask: ctx.subtask,
             seq: 0,
             current: None,
             pending: Vec::new(),
@@ -144,7 +210,9 @@ struct InProgress {
 struct FileSinkWriter<T> {
     dir: PathBuf,
     encoder: Encoder<T>,
-    prefix: String,
+    tag: OwnerTag,
+    run: u32,
+    subtask: u32,
     seq: u64,
     current: Option<InProgress>,
     pending: Vec<PendingFile>,
@@ -155,7 +223,7 @@ struct FileSinkWriter<T> {
 impl<T> FileSinkWriter<T> {
     fn open(&mut self) -> TaskResult<&mut InProgress> {
         if self.current.is_none() {
-            let base = format!("{}-{}", self.prefix, self.seq);
+            let base = self.tag.base(self.run, self.subtask, self.seq);
             self.seq += 1;
             let path = self.dir.join(in_progress_name(&base));
             let file = OpenOptions::new()
@@ -271,5 +339,220 @@ impl<T: Send> SinkWriter<T> for FileSinkWriter<T> {
             sync_dir(&self.dir)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn owner(job_id: &str, uid: &str) -> SinkOwner {
+        SinkOwner {
+            job_id: job_id.into(),
+            uid: uid.into(),
+        }
+    }
+
+    fn sink(dir: &Path) -> FileSink<u64> {
+        FileSink::new(
+            dir,
+            Arc::new(|r: &u64, out: &mut Vec<u8>| {
+                out.extend_from_slice(format!("{r}\n").as_bytes())
+            }),
+        )
+    }
+
+    fn writer(sink: &FileSink<u64>, owner: &SinkOwner) -> Box<dyn SinkWriter<u64>> {
+        sink.create_writer(SinkContext {
+            owner: owner.clone(),
+            subtask: 0,
+            parallelism: 1,
+            checkpointing: true,
+        })
+        .unwrap()
+    }
+
+    fn write(w: &mut dyn SinkWriter<u64>, records: std::ops::Range<u64>) {
+        w.write(&mut records.collect()).unwrap();
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The hidden files of `owner`, by suffix (`inprogress` / `pending`).
+    fn uncommitted(dir: &Path, owner: &SinkOwner) -> BTreeMap<String, usize> {
+        let tag = OwnerTag::new(owner);
+        let mut m = BTreeMap::new();
+        for n in names(dir).into_iter().filter(|n| tag.owns_uncommitted(n)) {
+            let kind = n.rsplit('.').next().unwrap().to_string();
+            *m.entry(kind).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// The records in `owner`'s committed files, sorted.
+    fn committed(dir: &Path, owner: &SinkOwner) -> Vec<u64> {
+        let tag = OwnerTag::new(owner);
+        let mut v: Vec<u64> = names(dir)
+            .into_iter()
+            .filter(|n| tag.owns(n))
+            .flat_map(|n| {
+                std::fs::read_to_string(dir.join(n))
+                    .unwrap()
+                    .lines()
+                    .map(|l| l.parse::<u64>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Two sinks share `dir`; `b` fails after its checkpoint 1 and restores from it while `a`
+    /// has a pending and an in-progress file. `a`'s files survive, `b`'s own leftover (written
+    /// after checkpoint 1) is removed, and both end with every record committed exactly once.
+    fn shared_directory_restore(a: SinkOwner, b: SinkOwner) {
+        let dir = tempfile::tempdir().unwrap();
+        let (sa, sb) = (sink(dir.path()), sink(dir.path()));
+        sa.initialize(&a, None).unwrap();
+        sb.initialize(&b, None).unwrap();
+        let mut wa = writer(&sa, &a);
+        let mut wb = writer(&sb, &b);
+        write(wa.as_mut(), 0..10);
+        write(wb.as_mut(), 0..10);
+        wa.pre_commit(1).unwrap();
+        let b_state = wb.pre_commit(1).unwrap();
+        write(wa.as_mut(), 10..20);
+        write(wb.as_mut(), 10..20);
+        let a_before = uncommitted(dir.path(), &a);
+        assert_eq!(
+            a_before,
+            BTreeMap::from([("inprogress".into(), 1), ("pending".into(), 1)])
+        );
+        assert_eq!(a_before, uncommitted(dir.path(), &b));
+
+        // `b` fails before checkpoint 1's completion reaches it; its next attempt restores
+        // checkpoint 1 (complete) and replays the records after it.
+        drop(wb);
+        sb.initialize(&b, Some(b_state)).unwrap();
+        assert_eq!(
+            uncommitted(dir.path(), &a),
+            a_before,
+            "the other sink's files"
+        );
+        assert!(
+            uncommitted(dir.path(), &b).is_empty(),
+            "b's pending file of checkpoint 1 is committed, its later in-progress file removed: {:?}",
+            names(dir.path())
+        );
+        assert_eq!(committed(dir.path(), &b), (0..10).collect::<Vec<_>>());
+        let mut wb = writer(&sb, &b);
+        write(wb.as_mut(), 10..20);
+        wb.pre_commit(2).unwrap();
+        wb.commit(2).unwrap();
+        wb.finish().unwrap();
+
+        wa.commit(1).unwrap();
+        wa.pre_commit(2).unwrap();
+        wa.commit(2).unwrap();
+        wa.finish().unwrap();
+
+        assert_eq!(committed(dir.path(), &a), (0..20).collect::<Vec<_>>());
+        assert_eq!(committed(dir.path(), &b), (0..20).collect::<Vec<_>>());
+        assert!(uncommitted(dir.path(), &a).is_empty());
+        assert!(uncommitted(dir.path(), &b).is_empty());
+    }
+
+    #[test]
+    fn restore_leaves_the_files_of_another_sink_of_the_job() {
+        // "sink" is a prefix of "sink-2": the escaped names must still tell them apart.
+        let job = format!("{:032x}", 7u128);
+        shared_directory_restore(owner(&job, "sink"), owner(&job, "sink-2"));
+        shared_directory_restore(owner(&job, "sink-2"), owner(&job, "sink"));
+    }
+
+    #[test]
+    fn restore_leaves_the_files_of_another_job() {
+        let (j1, j2) = (format!("{:032x}", 1u128), format!("{:032x}", 2u128));
+        shared_directory_restore(owner(&j1, "file-sink"), owner(&j2, "file-sink"));
+    }
+
+    #[test]
+    fn a_fresh_attempt_removes_its_own_uncommitted_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = owner("job", "out");
+        let other = owner("job", "out2");
+        let s = sink(dir.path());
+        s.initialize(&me, None).unwrap();
+        s.initialize(&other, None).unwrap();
+        let mut w = writer(&s, &me);
+        write(w.as_mut(), 0..5);
+        w.pre_commit(1).unwrap();
+        write(w.as_mut(), 5..9);
+        let mut wo = writer(&s, &other);
+        write(wo.as_mut(), 0..3);
+        // Checkpoint 1 never completed: the restart starts from nothing, and both of the
+        // failed attempt's files (pending of 1, in-progress after it) are leftovers.
+        drop(w);
+        s.initialize(&me, None).unwrap();
+        assert!(
+            uncommitted(dir.path(), &me).is_empty(),
+            "{:?}",
+            names(dir.path())
+        );
+        assert!(committed(dir.path(), &me).is_empty());
+        assert_eq!(
+            uncommitted(dir.path(), &other),
+            BTreeMap::from([("inprogress".into(), 1)])
+        );
+    }
+
+    #[test]
+    fn committed_names_are_visible_and_escaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sink(dir.path());
+        let me = owner("a-b", ".x/y");
+        s.initialize(&me, None).unwrap();
+        let mut w = writer(&s, &me);
+        write(w.as_mut(), 0..1);
+        w.pre_commit(1).unwrap();
+        w.commit(1).unwrap();
+        let names = names(dir.path());
+        assert_eq!(names.len(), 1);
+        let fields: Vec<&str> = names[0].split('-').collect();
+        assert_eq!(fields.len(), 6, "committed name {}", names[0]);
+        assert_eq!(
+            (fields[0], fields[2], fields[3], fields[4], fields[5]),
+            ("part", "a%2Db", ".x%2Fy", "0", "0"),
+            "committed name {}",
+            names[0]
+        );
+    }
+
+    #[test]
+    fn ownership_is_unambiguous() {
+        // Job "a" with uid "b-c" and job "a-b" with uid "c" must not claim each other's files.
+        let t1 = OwnerTag::new(&owner("a", "b-c"));
+        let t2 = OwnerTag::new(&owner("a-b", "c"));
+        let f1 = format!(".{}.pending", t1.base(0xabcd, 0, 3));
+        let f2 = format!(".{}.inprogress", t2.base(0xabcd, 0, 3));
+        assert!(t1.owns_uncommitted(&f1));
+        assert!(!t2.owns_uncommitted(&f1));
+        assert!(t2.owns_uncommitted(&f2));
+        assert!(!t1.owns_uncommitted(&f2));
+        // Committed files, names of the earlier format and other suffixes are never leftovers.
+        assert!(!t1.owns_uncommitted(&t1.base(0xabcd, 0, 3)));
+        assert!(!t1.owns_uncommitted(".part-0000abcd-0-3.pending"));
+        assert!(!t1.owns_uncommitted(&format!(".{}.tmp", t1.base(0xabcd, 0, 3))));
+        assert!(!t1.owns_uncommitted(".part-xyz-a-b%2Dc-0-3.pending"));
     }
 }

@@ -1,7 +1,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::TaskResult;
-use crate::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkWriter};
+use crate::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkOwner, SinkWriter};
 
 /// Wraps a sink so that each subtask writes at most `rate_per_sec / parallelism` records per
 /// second: a stand-in for a slow external system, to create backpressure on purpose.
@@ -24,8 +24,8 @@ impl<T: Send + 'static, S: Sink<T>> Sink<T> for ThrottledSink<S> {
     fn guarantee(&self) -> SinkGuarantee {
         self.inner.guarantee()
     }
-    fn initialize(&self, restored: Option<Vec<Vec<u8>>>) -> TaskResult {
-        self.inner.initialize(restored)
+    fn initialize(&self, owner: &SinkOwner, restored: Option<Vec<Vec<u8>>>) -> TaskResult {
+        self.inner.initialize(owner, restored)
     }
     fn create_writer(&self, ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<T>>> {
         let per_subtask = (self.rate_per_sec as f64 / f64::from(ctx.parallelism.max(1))).max(1.0);

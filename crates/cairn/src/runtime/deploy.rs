@@ -282,6 +282,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                 let spec = &graph.nodes()[node];
                 let p = plan.node_parallelism[node];
                 SubtaskInit {
+                    job_id: cx.job_id.to_string(),
                     uid: spec.uid.clone(),
                     subtask: i,
                     parallelism: p,

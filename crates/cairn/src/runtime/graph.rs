@@ -7,11 +7,14 @@ use std::sync::Arc;
 
 use super::chain::TaskBody;
 use super::channel::ChannelSender;
+use super::operators::SinkOwner;
 use crate::error::TaskResult;
 use crate::state::{Key, KeyedContext, RestoredState};
 
 /// What one subtask of an operator is built with.
 pub struct SubtaskInit {
+    /// Job id.
+    pub job_id: String,
     /// Operator uid.
     pub uid: String,
     /// Subtask index.
@@ -106,7 +109,7 @@ pub type TwoInputFn =
 /// A node factory.
 pub type WriterFn = Arc<dyn Fn(Vec<EdgeOutput>) -> TaskResult<AnyBox> + Send + Sync>;
 /// A node factory.
-pub type SinkInitFn = Arc<dyn Fn(Option<Vec<Vec<u8>>>) -> TaskResult + Send + Sync>;
+pub type SinkInitFn = Arc<dyn Fn(&SinkOwner, Option<Vec<Vec<u8>>>) -> TaskResult + Send + Sync>;
 
 /// How a node's subtasks are built.
 #[derive(Clone)]

@@ -25,7 +25,7 @@ use super::channel::Mail;
 use super::deploy::{region_mask, Deployed, DeployedTask, Deployer, Executor};
 use super::graph::JobGraph;
 use super::job::{JobError, Progress, ProgressFn};
-use super::operators::SINK_PENDING_STATE;
+use super::operators::{SinkOwner, SINK_PENDING_STATE};
 use super::restart::RestartTracker;
 use super::status::{JobState, JobStatus};
 use super::task::{JobEvent, JobMetrics};
@@ -138,7 +138,12 @@ impl<'a> JobMaster<'a> {
         };
         let all: BTreeSet<usize> = (0..master.setup.regions.len()).collect();
         let mut deployed: Vec<Option<DeployedTask>> = vec![None; total];
-        init_sinks(master.setup.graph, master.setup.restored.as_ref(), |_| true)?;
+        init_sinks(
+            master.setup.graph,
+            master.setup.deployer.job_id,
+            master.setup.restored.as_ref(),
+            |_| true,
+        )?;
         if let Err(e) = master.deploy_regions(&all, &mut deployed) {
             master.cancel_all();
             master.setup.status.set_state(JobState::Failed);
@@ -479,8 +484,13 @@ impl<'a> JobMaster<'a> {
             let task = plan.offsets[plan.node_vertex[node]];
             restart.regions.contains(&region_of_task[task])
         };
-        init_sinks(self.setup.graph, self.setup.restored.as_ref(), in_scope)
-            .map_err(|e| Failure::job(e.to_string()))?;
+        init_sinks(
+            self.setup.graph,
+            self.setup.deployer.job_id,
+            self.setup.restored.as_ref(),
+            in_scope,
+        )
+        .map_err(|e| Failure::job(e.to_string()))?;
         let mut deployed: Vec<Option<DeployedTask>> = vec![None; self.tasks.len()];
         self.deploy_regions(&restart.regions, &mut deployed)
             .map_err(|e| Failure::job(format!("the job could not be redeployed: {e}")))?;
@@ -586,6 +596,7 @@ impl<'a> JobMaster<'a> {
 /// checkpoint's pre-committed transactions, discard the rest.
 fn init_sinks(
     graph: &JobGraph,
+    job_id: &str,
     restored: Option<&LoadedCheckpoint>,
     select: impl Fn(usize) -> bool,
 ) -> Result<(), JobError> {
@@ -595,7 +606,12 @@ fn init_sinks(
                 continue;
             }
             let pending = restored.map(|c| c.all_list_entries(&node.uid, SINK_PENDING_STATE));
-            init(pending).map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
+            let owner = SinkOwner {
+                job_id: job_id.to_string(),
+                uid: node.uid.clone(),
+            };
+            init(&owner, pending)
+                .map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
         }
     }
     Ok(())

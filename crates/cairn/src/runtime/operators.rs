@@ -203,9 +203,23 @@ pub enum SinkGuarantee {
     None,
 }
 
+/// Which sink of which job: a sink names what it writes after its owner, so that on restore
+/// it can tell its own uncommitted leftovers from those of other sinks and jobs sharing the
+/// same output (it only ever removes its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkOwner {
+    /// Job id (the job's directory name under the checkpoint directory); kept across restores
+    /// from the job's own checkpoints.
+    pub job_id: String,
+    /// The sink operator's uid, stable across restores.
+    pub uid: String,
+}
+
 /// What a sink writer knows about where it runs.
 #[derive(Debug, Clone)]
 pub struct SinkContext {
+    /// The job and sink the writer writes for.
+    pub owner: SinkOwner,
     /// Subtask index.
     pub subtask: u32,
     /// Sink parallelism.
@@ -220,9 +234,10 @@ pub trait Sink<T>: Send + Sync + 'static {
     fn guarantee(&self) -> SinkGuarantee;
     /// Called once per job attempt before any writer exists, with the pre-committed
     /// transactions of every subtask in the restored checkpoint (None on a fresh start): commit
-    /// them (idempotently) and discard what no checkpoint references.
-    fn initialize(&self, restored: Option<Vec<Vec<u8>>>) -> TaskResult {
-        let _ = restored;
+    /// them (idempotently) and discard what `owner` left uncommitted in earlier attempts —
+    /// never what other sinks or jobs wrote.
+    fn initialize(&self, owner: &SinkOwner, restored: Option<Vec<Vec<u8>>>) -> TaskResult {
+        let _ = (owner, restored);
         Ok(())
     }
     /// A writer for one subtask.
