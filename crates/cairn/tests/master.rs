@@ -38,6 +38,15 @@ fn spawn_run(
     rx
 }
 
+/// Wordcount over 2 M generated words, long enough to be failed and cancelled while it runs.
+fn generated_wordcount() -> cairn::api::JobGraph {
+    let input = wordcount::WordInput::Generate {
+        count: 2_000_000,
+        keys: 100,
+    };
+    wordcount::build(&input, &wordcount::WordOutput::Discard).unwrap()
+}
+
 fn wait_for_state(status: &JobStatus, state: JobState) {
     let until = Instant::now() + DEADLINE;
     while status.view().state != state {
@@ -53,14 +62,7 @@ fn wait_for_state(status: &JobStatus, state: JobState) {
 
 #[test]
 fn a_cancel_during_the_restart_backoff_is_handled_at_once() {
-    let graph = wordcount::build(
-        &wordcount::WordInput::Generate {
-            count: 2_000_000,
-            keys: 100,
-        },
-        &wordcount::WordOutput::Discard,
-    )
-    .unwrap();
+    let graph = generated_wordcount();
     let config = config(&[
         ("parallelism.default", "2"),
         ("execution.checkpointing.interval", "100ms"),
@@ -146,14 +148,7 @@ fn a_lost_worker_hosting_two_regions_is_one_failure() {
 
 #[test]
 fn failures_beyond_the_restart_budget_end_the_job_without_waiting() {
-    let graph = wordcount::build(
-        &wordcount::WordInput::Generate {
-            count: 2_000_000,
-            keys: 100,
-        },
-        &wordcount::WordOutput::Discard,
-    )
-    .unwrap();
+    let graph = generated_wordcount();
     let config = config(&[
         ("execution.checkpointing.interval", "100ms"),
         ("restart-strategy.type", "fixed-delay"),

@@ -345,11 +345,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                     name: v.name.clone(),
                     subtask: i,
                     is_source: v.is_source,
-                    operators: v
-                        .nodes
-                        .iter()
-                        .map(|&x| (graph.nodes()[x].uid.clone(), plan.node_parallelism[x]))
-                        .collect(),
+                    operators: plan.chain_operators(graph, v),
                 },
                 mailbox: MailboxHandle::Local(mailbox),
             });

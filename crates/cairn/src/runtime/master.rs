@@ -395,15 +395,8 @@ impl<'a> JobMaster<'a> {
             });
         }
         let delay = self.decide_restart(cause, now)?;
-        if let Some(c) = self.setup.coordinator.as_mut() {
-            // In-flight checkpoints wait for subtasks that are gone: abort them.
-            c.set_tasks(
-                coordinator_tasks(&self.tasks),
-                self.task_attempt.clone(),
-                now,
-            );
-            deliver(c, &self.tasks);
-        }
+        // In-flight checkpoints wait for subtasks that are gone: this aborts them.
+        self.update_coordinator_tasks(now);
         info!(
             "restarting {scope:?} in {delay:?} (restart {})",
             self.restart_count
@@ -531,6 +524,13 @@ impl<'a> JobMaster<'a> {
     /// Every subtask runs again: the coordinator gets them (the first checkpoint of a
     /// deployment comes one interval later).
     fn running(&mut self, now: Instant) {
+        self.update_coordinator_tasks(now);
+        self.setup.status.set_state(JobState::Running);
+    }
+
+    /// Tells the coordinator which subtasks run in which attempt; it aborts the checkpoints in
+    /// flight, which wait for subtasks of earlier attempts.
+    fn update_coordinator_tasks(&mut self, now: Instant) {
         if let Some(c) = self.setup.coordinator.as_mut() {
             c.set_tasks(
                 coordinator_tasks(&self.tasks),
@@ -539,7 +539,6 @@ impl<'a> JobMaster<'a> {
             );
             deliver(c, &self.tasks);
         }
-        self.setup.status.set_state(JobState::Running);
     }
 
     fn cancel_all(&mut self) {

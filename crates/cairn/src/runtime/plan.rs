@@ -93,6 +93,14 @@ impl Plan {
         Some((vi, (task - self.offsets[vi]) as u32))
     }
 
+    /// The operators of vertex `v`'s chain: (uid, parallelism).
+    pub(crate) fn chain_operators(&self, graph: &JobGraph, v: &Vertex) -> Vec<(String, u32)> {
+        v.nodes
+            .iter()
+            .map(|&x| (graph.nodes()[x].uid.clone(), self.node_parallelism[x]))
+            .collect()
+    }
+
     /// Task infos (without mailboxes) for every subtask, in global order.
     pub fn task_descriptions(&self, graph: &JobGraph) -> Vec<TaskDescription> {
         let mut out = Vec::with_capacity(self.total);
@@ -102,11 +110,7 @@ impl Plan {
                     name: v.name.clone(),
                     subtask: i,
                     is_source: v.is_source,
-                    operators: v
-                        .nodes
-                        .iter()
-                        .map(|&x| (graph.nodes()[x].uid.clone(), self.node_parallelism[x]))
-                        .collect(),
+                    operators: self.chain_operators(graph, v),
                 });
             }
         }

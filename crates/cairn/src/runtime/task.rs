@@ -817,6 +817,18 @@ mod tests {
         }
     }
 
+    /// Delivers barrier `id` and then end of stream on input channel 0.
+    fn send_barrier_then_end(mail_tx: &Sender<Mail>, id: u64) {
+        for element in [Element::Barrier(barrier(id)), Element::EndOfStream] {
+            mail_tx
+                .send(Mail::Data {
+                    channel: 0,
+                    element,
+                })
+                .unwrap();
+        }
+    }
+
     /// Defect 3.2: end of stream may arrive before the completion of the final checkpoint (in
     /// cluster mode they travel on different connections); the task finishes only after it.
     #[test]
@@ -829,14 +841,7 @@ mod tests {
             channels: vec![],
         };
         let (rt, mail_tx, _prio_tx) = operator_task(chain, 1, empty);
-        for element in [Element::Barrier(barrier(7)), Element::EndOfStream] {
-            mail_tx
-                .send(Mail::Data {
-                    channel: 0,
-                    element,
-                })
-                .unwrap();
-        }
+        send_barrier_then_end(&mail_tx, 7);
         mail_tx.send(Mail::CheckpointComplete(7)).unwrap();
         rt.run().unwrap();
         assert_eq!(*commits.lock().unwrap(), vec![7]);
@@ -849,14 +854,7 @@ mod tests {
             channels: vec![],
         };
         let (rt, mail_tx, _prio_tx) = operator_task(Box::new(NullChain), 1, empty);
-        for element in [Element::Barrier(barrier(7)), Element::EndOfStream] {
-            mail_tx
-                .send(Mail::Data {
-                    channel: 0,
-                    element,
-                })
-                .unwrap();
-        }
+        send_barrier_then_end(&mail_tx, 7);
         mail_tx.send(Mail::CheckpointAborted(7)).unwrap();
         let err = rt.run().unwrap_err().to_string();
         assert!(
