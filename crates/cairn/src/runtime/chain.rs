@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::channel::{Barrier, ChannelSender, Element, BATCH_RECORDS_MAX};
-use super::gate::{forward_flush, FlushCredit};
+use super::gate::{FlushCredit, ForwardStep, Forwarding};
 use crate::error::{TaskError, TaskResult};
 use crate::state::keygroup::{key_group_of_hash, subtask_for_key_group};
 use crate::state::OperatorSnapshot;
@@ -307,17 +307,26 @@ impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
 
     fn emit(&mut self, event: Event) -> TaskResult {
         let unaligned = matches!(event, Event::UnalignedBarrier(_));
-        let overdraft = forward_flush(unaligned) == FlushCredit::Overdraw;
-        for ch in 0..self.senders.len() {
-            if !self.buffers[ch].is_empty() {
-                self.send_now(ch, overdraft)?;
-            }
-        }
-        for (ch, s) in self.senders.iter().enumerate() {
-            match event {
-                Event::Barrier(b) => s.send_event(Element::Barrier(b))?,
-                Event::UnalignedBarrier(b) => s.send_priority_barrier(b, self.sent[ch])?,
-                Event::EndOfStream => s.send_event(Element::EndOfStream)?,
+        for step in Forwarding::new().steps(unaligned) {
+            match step {
+                ForwardStep::FlushPartial(credit) => {
+                    for ch in 0..self.senders.len() {
+                        if !self.buffers[ch].is_empty() {
+                            self.send_now(ch, credit == FlushCredit::Overdraw)?;
+                        }
+                    }
+                }
+                ForwardStep::Barrier => {
+                    for (ch, s) in self.senders.iter().enumerate() {
+                        match event {
+                            Event::Barrier(b) => s.send_event(Element::Barrier(b))?,
+                            Event::UnalignedBarrier(b) => {
+                                s.send_priority_barrier(b, self.sent[ch])?
+                            }
+                            Event::EndOfStream => s.send_event(Element::EndOfStream)?,
+                        }
+                    }
+                }
             }
         }
         Ok(())

@@ -468,7 +468,6 @@ impl Deployer<'_> {
         restored: Option<&LoadedCheckpoint>,
         mask: &[bool],
         attempt: u32,
-        task_attempt: &mut [u32],
     ) -> Result<Box<dyn Deployed>, TaskError> {
         let req = DeployRequest {
             graph: self.graph,
@@ -483,11 +482,7 @@ impl Deployer<'_> {
             metrics: self.metrics,
             tasks: Some(mask),
         };
-        let d = executor.deploy(&req)?;
-        for t in d.infos() {
-            task_attempt[t.info.index] = attempt;
-        }
-        Ok(d)
+        executor.deploy(&req)
     }
 }
 

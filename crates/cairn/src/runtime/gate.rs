@@ -44,7 +44,7 @@
 //! the snapshots it took; it may exit only when every such snapshot's checkpoint completed (or
 //! was aborted while the task still had input).
 //!
-//! The sending side is [`forward_flush`]: what goes out in front of a forwarded barrier.
+//! The sending side is [`Forwarding`]: what goes out in front of a forwarded barrier.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -144,6 +144,8 @@ pub(crate) enum Flaw {
     FinalMayUnalign,
     /// A task whose inputs ended exits without waiting for its snapshots' outcome (defect 3.2).
     ExitBeforeCommit,
+    /// A writer sends the barrier before the partial batch buffered in front of it.
+    BarrierBeforeFlush,
 }
 
 /// The outcomes a subtask still waits for: the checkpoints it snapshotted (so its sinks hold
@@ -211,12 +213,50 @@ pub enum FlushCredit {
     Overdraw,
 }
 
-/// The sending side of the protocol: the partial batches in front of a forwarded barrier.
-pub fn forward_flush(unaligned: bool) -> FlushCredit {
-    if unaligned {
-        FlushCredit::Overdraw
-    } else {
-        FlushCredit::Wait
+/// One step of forwarding a barrier on an output channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardStep {
+    /// Send the channel's partial batch, if it has one.
+    FlushPartial(FlushCredit),
+    /// Send the barrier: in band, or (unaligned) as a priority barrier that carries the number
+    /// of batches sent on the channel before it.
+    Barrier,
+}
+
+/// The sending side of the protocol: what goes out on each output channel, in order, when a
+/// barrier is forwarded. Records a subtask emitted before its snapshot are in its state's past,
+/// so they go out before the barrier (and an unaligned barrier counts them), or they would be
+/// in neither the snapshot nor the replay.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Forwarding {
+    #[cfg(test)]
+    flaw: Option<Flaw>,
+}
+
+impl Forwarding {
+    /// The rule as production runs it.
+    pub fn new() -> Self {
+        Forwarding::default()
+    }
+
+    /// The rule with a planted bug (simulator tests only).
+    #[cfg(test)]
+    pub(crate) fn with_flaw(flaw: Option<Flaw>) -> Self {
+        Forwarding { flaw }
+    }
+
+    /// The steps per output channel when forwarding a barrier (`unaligned`: a priority one).
+    pub fn steps(&self, unaligned: bool) -> [ForwardStep; 2] {
+        let credit = if unaligned {
+            FlushCredit::Overdraw
+        } else {
+            FlushCredit::Wait
+        };
+        #[cfg(test)]
+        if self.flaw == Some(Flaw::BarrierBeforeFlush) {
+            return [ForwardStep::Barrier, ForwardStep::FlushPartial(credit)];
+        }
+        [ForwardStep::FlushPartial(credit), ForwardStep::Barrier]
     }
 }
 
@@ -460,6 +500,44 @@ impl InputGate {
                 _ => {}
             }
         }
+    }
+
+    /// Unaligned: records the parked batches in flight at the cut (a newer barrier subsumed an
+    /// alignment, so data parked behind the older barrier is before the newer one). Call it
+    /// before capturing queued batches ([`InputGate::plan_capture`]): those come later on their
+    /// channels, and a channel's captures go in order. `encode` serializes a parked element
+    /// (None for one that is not a batch).
+    pub fn capture_parked<E>(
+        &mut self,
+        mut encode: impl FnMut(usize, &Element) -> Result<Option<Vec<u8>>, E>,
+    ) -> Result<(), E> {
+        let Some(p) = self.pending.as_ref().filter(|p| p.unaligned) else {
+            return Ok(());
+        };
+        let cut = p.barrier.id;
+        let mut found = Vec::new();
+        for (c, parked) in self.parked.iter().enumerate() {
+            let mut seq = self.processed[c];
+            for e in parked {
+                match e {
+                    Element::Batch(_) | Element::Encoded(_) => {
+                        seq += 1;
+                        if self.in_flight(c, seq) && !flawed!(self, SkipInFlight) {
+                            if let Some(bytes) = encode(c, e)? {
+                                found.push((c, seq, bytes));
+                            }
+                        }
+                    }
+                    // Whatever follows the barrier of this checkpoint is after the cut.
+                    Element::Barrier(b) if b.id >= cut => break,
+                    _ => {}
+                }
+            }
+        }
+        for (c, seq, bytes) in found {
+            self.capture(c, seq, bytes);
+        }
+        Ok(())
     }
 
     /// Records queued batch number `seq` of `channel` (serialized) as channel state.
@@ -1159,5 +1237,58 @@ mod tests {
         // the barrier. Channel 1's barrier has not come: its batch (position 1) is in flight;
         // position 3 is its barrier.
         assert_eq!(plan, vec![(0, 0, 1), (1, 1, 1), (2, 0, 2)]);
+    }
+
+    /// Found by the simulation: a newer barrier subsumes an alignment while the blocked
+    /// channel holds parked batches; those are before the newer barrier, so they are in flight
+    /// at its unaligned cut and recorded before the queued ones, in channel order.
+    #[test]
+    fn parked_batches_of_a_subsumed_alignment_are_in_the_newer_cut() {
+        let mut gate = InputGate::new(2, AlignmentMode::Aligned);
+        assert!(gate.on_barrier(0, b(1), t0()).is_empty());
+        assert!(gate.is_blocked(0));
+        assert!(gate.accept(0, rec(10)).is_none());
+        assert!(gate.accept(0, rec(11)).is_none());
+        // Barrier 2 overtakes on channel 0 after the two parked batches and one queued one.
+        let actions = gate.on_priority_barrier(0, b(2), 3, t0());
+        assert_eq!(
+            actions[0],
+            GateAction::Decline {
+                id: 1,
+                cause: DeclineCause::Subsumed
+            }
+        );
+        gate.capture_parked(|_, e| match e {
+            Element::Batch(batch) => {
+                let v = batch.downcast_ref::<Vec<u32>>().map(|v| v[0] as u8);
+                Ok::<_, ()>(v.map(|x| vec![x]))
+            }
+            _ => Ok(None),
+        })
+        .unwrap();
+        let queued = [rec(12), rec(13)];
+        let mut plan = Vec::new();
+        gate.plan_capture(queued.iter().map(|e| Some((0, e))), &mut plan);
+        assert_eq!(
+            plan,
+            vec![(0, 0, 3)],
+            "only the third batch is before the barrier"
+        );
+        gate.capture(0, 3, vec![12]);
+        // Channel 1 delivers barrier 2 in band: the cut is complete.
+        let actions = gate.on_barrier(1, b(2), t0());
+        assert_eq!(
+            actions,
+            vec![GateAction::ChannelState {
+                id: 2,
+                channels: vec![(0, vec![vec![10], vec![11], vec![12]])],
+                bytes: 3
+            }]
+        );
+        // The parked batches are processed later without being recorded twice.
+        let (ch, e) = gate.next_parked().unwrap();
+        assert_eq!(ch, 0);
+        assert!(matches!(e, Element::Batch(_)));
+        assert!(!gate.before_batch(0));
     }
 }

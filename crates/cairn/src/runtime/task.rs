@@ -460,6 +460,12 @@ impl TaskRuntime {
         // A batch taken from the mailbox may have been sent after its channel's priority
         // barrier; that barrier is in the priority mailbox by now, so take it first.
         self.drain_priority(gate)?;
+        let (body, ports) = (&mut self.body, &self.channel_ports);
+        gate.capture_parked(|c, element| match element {
+            Element::Batch(batch) => body.encode_batch(ports[c], &**batch).map(Some),
+            Element::Encoded(bytes) => Ok(Some(bytes.clone())),
+            _ => Ok(None),
+        })?;
         let mut plan = Vec::new();
         gate.plan_capture(self.inbox.iter().map(data_of), &mut plan);
         for (i, c, seq) in plan {

@@ -138,6 +138,7 @@ fn seeds_to_find(planted: Planted, modes: &[Mode], budget: u64) -> Option<(u64, 
 mod tests {
     use super::*;
     use crate::runtime::gate::Flaw;
+    use crate::runtime::master::MasterFlaw;
 
     #[test]
     fn every_schedule_keeps_exactly_once_and_the_protocol_invariants() {
@@ -183,6 +184,14 @@ mod tests {
             "subsumed declines",
             "crashes during a _metadata write",
             "lost completions",
+            "region restarts",
+            "job restarts",
+            "lost workers",
+            "lost workers hosting several attempts",
+            "jobs failed for good",
+            "sends that waited for credit",
+            "overdrafts",
+            "idle flushes",
         ] {
             assert!(
                 stats.get(what).copied().unwrap_or(0) * 1000 >= runs,
@@ -251,6 +260,22 @@ mod tests {
     #[test]
     fn finds_a_subsumed_checkpoint_counted_as_failed() {
         finds(Planted::SubsumedAsFailed, &[Mode::Concurrent], 2_000);
+    }
+
+    /// The sending rule: records emitted before the snapshot go out before the barrier.
+    #[test]
+    fn finds_a_barrier_sent_before_the_partial_batch_in_front_of_it() {
+        finds(
+            Planted::Handler(Flaw::BarrierBeforeFlush),
+            &[Mode::Aligned, Mode::Unaligned],
+            2_000,
+        );
+    }
+
+    /// The job master restores a failed region from the newest completed checkpoint.
+    #[test]
+    fn finds_a_restart_from_a_stale_checkpoint() {
+        finds(Planted::Master(MasterFlaw::StaleRestore), &Mode::ALL, 2_000);
     }
 
     /// Defect 3.2: a sink must not finish before it learns that the final checkpoint completed.

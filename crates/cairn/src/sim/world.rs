@@ -1,30 +1,45 @@
-//! The simulated job: sources → (by key) counters → (forward) two-phase-commit sinks, the
-//! channels between them, the uploader, the checkpoint coordinator and the job master, all
-//! stepped one event at a time by a seeded scheduler.
+//! The simulated job: sources → counters → two-phase-commit sinks, the channels between them
+//! with their senders, the uploader, the checkpoint coordinator and the job master, all stepped
+//! one event at a time by a seeded scheduler.
 //!
-//! What is real: the barrier handler ([`InputGate`]) of every task, exactly as the task threads
-//! drive it. What is modelled: the operators (a replayable source of keys, a keyed counter, a
-//! sink whose transactions are pre-committed at the barrier and committed when the checkpoint
-//! completes), the channels (per-channel FIFO, credits, priority barriers that overtake data),
-//! the control path (trigger, complete, abort, end of input — another path than data, so any
-//! interleaving with data is possible; completions may be lost), the uploader, and the external
-//! system the sinks commit to, which survives everything. The checkpoint coordinator is the real
-//! one, on the real storage trait (in memory, able to die during a `_metadata` write); a crash
-//! replaces it with a new one, as a new process would.
+//! What is real: the barrier handler ([`InputGate`]) of every task and the sending rule
+//! ([`Forwarding`]), exactly as the task threads drive them; the job master's decisions
+//! ([`MasterCore`]: region failover, the restart strategy and its backoff, the final
+//! checkpoint, the end of the job) with the real checkpoint coordinator inside, on the real
+//! storage trait (in memory, able to die during a `_metadata` write). What is modelled: the
+//! operators (a replayable source of keys, a keyed counter, a sink whose transactions are
+//! pre-committed at the barrier and committed when the checkpoint completes), the senders
+//! (partial batches flushed when full, when idle and in front of a barrier; a sender without
+//! credit blocks its task), the channels (per-channel FIFO, credits, priority barriers that
+//! overtake data), the control path (trigger, complete, abort, end of input — another path
+//! than data, so any interleaving with data is possible; completions may be lost), the
+//! uploader, and the external system the sinks commit to, which survives everything. A crash,
+//! or a job the restart strategy gave up on, is a new process: a new master and coordinator
+//! that restore from what the storage holds.
+//!
+//! Two topologies: `Shuffle` (every source to every counter by key: one pipelined region) and
+//! `Forward` (source i → counter i → sink i: two regions, so region failover restarts one
+//! while the other runs on).
 
 use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
-use std::time::{Duration, Instant};
-
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::storage::FaultyStorage;
 use crate::checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointSettings, TaskInfo, TaskMessage,
 };
 use crate::checkpoint::{DeclineCause, TaskAck, TaskCheckpointStats};
+use crate::config::RestartStrategyConfig;
+use crate::error::TaskError;
 use crate::runtime::channel::{Barrier, BarrierKind, Element};
-use crate::runtime::gate::{AlignmentMode, Flaw, GateAction, InputGate, Now};
+use crate::runtime::gate::{
+    AlignmentMode, Flaw, FlushCredit, ForwardStep, Forwarding, GateAction, InputGate, Now,
+};
+use crate::runtime::master::{MasterAction, MasterCore, MasterFlaw, Outcome as JobOutcome};
+use crate::runtime::restart::RestartTracker;
+use crate::runtime::task::JobEvent;
 use crate::storage::layout::{checkpoint_dir, metadata_path};
 use crate::storage::CheckpointStorage;
 
@@ -33,8 +48,9 @@ pub(crate) const SOURCES: usize = 2;
 /// Counter subtasks, each followed by one sink subtask.
 pub(crate) const COUNTERS: usize = 2;
 const TASKS: usize = SOURCES + 2 * COUNTERS;
-/// Batches a channel may have queued at its receiver (processed batches return their credit).
-const CREDITS_MAX: usize = 2;
+/// Credits per channel: batches it may have queued at its receiver (processed batches return
+/// their credit).
+const CREDITS_MAX: isize = 2;
 /// Distinct keys.
 const KEYS: u64 = 4;
 /// A run that has not finished after this many steps is stuck (a liveness failure).
@@ -72,16 +88,27 @@ impl Mode {
     ];
 }
 
+/// How the tasks are connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Topology {
+    /// Every source to every counter, by key: one pipelined region.
+    Shuffle,
+    /// Source i → counter i → sink i: one region per pipeline.
+    Forward,
+}
+
 /// A deliberately planted bug.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Planted {
-    /// In the barrier handler.
+    /// In the barrier handler or the sending rule.
     Handler(Flaw),
     /// The sink commits its transaction at pre-commit instead of on completion.
     CommitAtPreCommit,
     /// A subsumed checkpoint is reported as failed (defect 3.7: the job then fails once more
     /// declines than `tolerable-failed-checkpoints` pile up).
     SubsumedAsFailed,
+    /// In the job master.
+    Master(MasterFlaw),
 }
 
 /// One run's settings.
@@ -135,7 +162,6 @@ enum Body {
         keys: Vec<u64>,
         pos: usize,
         exhausted: bool,
-        end_of_input: bool,
     },
     Counter {
         counts: BTreeMap<u64, u64>,
@@ -154,17 +180,34 @@ enum Control {
     EndOfInput,
 }
 
+/// What a sender puts on a channel.
+enum Out {
+    Batch(Box<dyn Any + Send>, FlushCredit),
+    Barrier(Barrier),
+    /// An unaligned barrier: it carries the number of batches sent before it.
+    Priority(Barrier),
+    EndOfStream,
+}
+
 struct Task {
     body: Body,
     gate: InputGate,
+    /// The attempt it runs in.
+    attempt: u32,
     held: Option<(u64, Snap)>,
     control: VecDeque<Control>,
     /// Restored in-flight batches, processed before any other input.
     replay: VecDeque<Vec<u8>>,
+    /// Per output channel (index into the task's outputs): the partial batch.
+    partial: Vec<Vec<(u64, u64)>>,
+    /// Sends waiting for credit, in order: the task is blocked until they are out.
+    outbox: VecDeque<(usize, Out)>,
     /// Every input ended and end of stream went out.
     ended: bool,
     failed: bool,
     exited: bool,
+    /// Cancelled by the master or lost with its worker: it runs no more.
+    gone: bool,
 }
 
 enum Item {
@@ -174,37 +217,16 @@ enum Item {
 }
 
 struct Channel {
+    from: usize,
     to: usize,
     input: usize,
     queue: VecDeque<Item>,
-    /// Batches sent and not yet processed (credits taken).
+    /// Batches sent and not yet processed.
     outstanding: usize,
+    /// Credits; below zero by overdrafts.
+    available: isize,
     sent: u64,
     last_barrier: u64,
-}
-
-/// What the job master receives.
-enum Event {
-    Ack {
-        attempt: u32,
-        task: usize,
-        id: u64,
-    },
-    Decline {
-        attempt: u32,
-        id: u64,
-        cause: DeclineCause,
-    },
-    Exhausted {
-        attempt: u32,
-        task: usize,
-    },
-    Exited {
-        attempt: u32,
-    },
-    Failed {
-        attempt: u32,
-    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -217,10 +239,13 @@ enum Choice {
     Control(usize),
     Promote(usize),
     Capture(usize),
+    Flush(usize),
+    Send(usize),
     Upload,
     Master,
     Tick,
     FailTask(usize),
+    LoseWorker(u32),
     Crash,
 }
 
@@ -229,16 +254,23 @@ pub(crate) struct World {
     rng: fastrand::Rng,
     base: Instant,
     now_ms: u64,
-    attempt: u32,
+    topology: Topology,
+    regions: Vec<Vec<usize>>,
+    region_failover: bool,
+    restart_strategy: RestartStrategyConfig,
+    /// Records per batch.
+    batch_max: usize,
     tasks: Vec<Task>,
     channels: Vec<Channel>,
     outputs: Vec<Vec<usize>>,
     inputs: Vec<Vec<usize>>,
     input: Vec<Vec<u64>>,
     uploads: VecDeque<(u32, usize, u64, Snap)>,
-    events: VecDeque<Event>,
+    events: VecDeque<JobEvent>,
     settings: CheckpointSettings,
-    coordinator: CheckpointCoordinator,
+    master: MasterCore,
+    /// What the current process restored from when it started.
+    initial: Option<Vec<Snap>>,
     /// Survives crashes.
     storage: FaultyStorage,
     /// The content of the task state files, by (checkpoint, task): `storage` holds the files.
@@ -246,12 +278,9 @@ pub(crate) struct World {
     completed: usize,
     /// What the sinks committed, by (sink, transaction); survives everything.
     external: BTreeMap<(usize, Txn), Vec<(u64, u64)>>,
-    exhausted: Vec<bool>,
-    exited: usize,
-    final_id: Option<u64>,
-    end_sent: bool,
     failure_budget: u32,
-    restarts: u32,
+    /// Restarts of earlier processes (the current master counts its own).
+    process_restarts: u32,
     finished: bool,
     violation: Option<String>,
     trace: Vec<String>,
@@ -270,22 +299,6 @@ fn sink_of(counter: usize) -> usize {
     counter + COUNTERS
 }
 
-fn new_coordinator(
-    settings: &CheckpointSettings,
-    storage: &FaultyStorage,
-    base: Instant,
-) -> CheckpointCoordinator {
-    CheckpointCoordinator::new(
-        settings.clone(),
-        Arc::new(storage.clone()),
-        JOB.into(),
-        "sim".into(),
-        128,
-        1,
-        (base, 0),
-    )
-}
-
 fn uid(task: usize) -> String {
     format!("op-{task}")
 }
@@ -294,13 +307,48 @@ fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
     postcard::to_stdvec(v).unwrap_or_default()
 }
 
+/// A batch, for the trace.
+fn describe(batch: &(dyn Any + Send)) -> String {
+    if let Some(keys) = batch.downcast_ref::<Vec<u64>>() {
+        format!("{keys:?}")
+    } else if let Some(records) = batch.downcast_ref::<Vec<(u64, u64)>>() {
+        format!("{records:?}")
+    } else {
+        "?".into()
+    }
+}
+
+fn task_info(t: usize) -> TaskInfo {
+    TaskInfo {
+        index: t,
+        name: format!("task {t}"),
+        subtask: 0,
+        is_source: is_source(t),
+        operators: vec![(uid(t), 1)],
+    }
+}
+
 impl World {
     pub(crate) fn new(cfg: Config) -> Self {
         let mut rng = fastrand::Rng::with_seed(cfg.seed);
+        let topology = if rng.bool() {
+            Topology::Shuffle
+        } else {
+            Topology::Forward
+        };
+        // In the forward topology source s reads only keys of counter s, so that the keys'
+        // routing is the same in both.
         let input: Vec<Vec<u64>> = (0..SOURCES)
-            .map(|_| {
+            .map(|s| {
                 let n = rng.usize(8..=24);
-                (0..n).map(|_| rng.u64(0..KEYS)).collect()
+                (0..n)
+                    .map(|_| match topology {
+                        Topology::Shuffle => rng.u64(0..KEYS),
+                        Topology::Forward => {
+                            rng.u64(0..KEYS / COUNTERS as u64) * COUNTERS as u64 + s as u64
+                        }
+                    })
+                    .collect()
             })
             .collect();
         let (kind, max_concurrent) = match cfg.mode {
@@ -324,28 +372,38 @@ impl World {
         let mut channels = Vec::new();
         let mut outputs = vec![Vec::new(); TASKS];
         let mut inputs = vec![Vec::new(); TASKS];
-        let mut connect = |from: usize, to: usize, channels: &mut Vec<Channel>| {
+        let mut connect = |from: usize, to: usize| {
             let input = inputs[to].len();
             inputs[to].push(channels.len());
             outputs[from].push(channels.len());
             channels.push(Channel {
+                from,
                 to,
                 input,
                 queue: VecDeque::new(),
                 outstanding: 0,
+                available: CREDITS_MAX,
                 sent: 0,
                 last_barrier: 0,
             });
         };
         for s in 0..SOURCES {
             for k in 0..COUNTERS {
-                connect(s, SOURCES + k, &mut channels);
+                if topology == Topology::Shuffle || k == s {
+                    connect(s, SOURCES + k);
+                }
             }
         }
         for k in 0..COUNTERS {
-            connect(SOURCES + k, sink_of(SOURCES + k), &mut channels);
+            connect(SOURCES + k, sink_of(SOURCES + k));
         }
-        let failure_budget = rng.u32(0..=2);
+        let regions = match topology {
+            Topology::Shuffle => vec![(0..TASKS).collect()],
+            Topology::Forward => (0..SOURCES)
+                .map(|s| vec![s, SOURCES + s, sink_of(SOURCES + s)])
+                .collect(),
+        };
+        let failure_budget = rng.u32(0..=3);
         // Concurrent runs tolerate no failed checkpoint: a subsumed one (declined when a newer
         // barrier overtakes its alignment) must not count as failed.
         let (timeout, tolerable_failed) = if cfg.mode == Mode::Concurrent {
@@ -362,15 +420,46 @@ impl World {
             num_retained: 2,
             barrier_kind: kind,
         };
-        let base = Instant::now();
+        let ms = Duration::from_millis;
+        let restart_strategy = match rng.u32(0..3) {
+            0 => RestartStrategyConfig::FixedDelay {
+                attempts: rng.u32(1..=3),
+                delay: ms(rng.u64(0..=4)),
+            },
+            1 => RestartStrategyConfig::FailureRate {
+                max_failures_per_interval: 2,
+                failure_rate_interval: ms(30),
+                delay: ms(rng.u64(0..=3)),
+            },
+            _ => RestartStrategyConfig::ExponentialDelay {
+                initial_backoff: ms(1),
+                max_backoff: ms(8),
+                backoff_multiplier: 2.0,
+                reset_backoff_threshold: ms(60),
+                jitter_factor: 0.1,
+                attempts_before_reset_backoff: rng.u32(2..=4),
+            },
+        };
+        let region_failover = regions.len() > 1 && rng.bool();
         let storage = FaultyStorage::default();
-        let coordinator = new_coordinator(&settings, &storage, base);
+        let base = Instant::now();
+        let master = MasterCore::new(
+            Vec::new(),
+            false,
+            None,
+            RestartTracker::new(RestartStrategyConfig::None),
+        );
+        let batch_max = rng.usize(1..=3);
         let mut w = World {
             cfg,
             rng,
             base,
             now_ms: 0,
-            attempt: 0,
+            topology,
+            regions,
+            region_failover,
+            restart_strategy,
+            batch_max,
             tasks: Vec::new(),
             channels,
             outputs,
@@ -379,23 +468,20 @@ impl World {
             uploads: VecDeque::new(),
             events: VecDeque::new(),
             settings,
-            coordinator,
+            master,
+            initial: None,
             storage,
             files: BTreeMap::new(),
             completed: 0,
             external: BTreeMap::new(),
-            exhausted: vec![false; SOURCES],
-            exited: 0,
-            final_id: None,
-            end_sent: false,
             failure_budget,
-            restarts: 0,
+            process_restarts: 0,
             finished: false,
             violation: None,
             trace: Vec::new(),
             stats: BTreeMap::new(),
         };
-        w.deploy();
+        w.start_process();
         w
     }
 
@@ -408,6 +494,13 @@ impl World {
 
     fn count(&mut self, what: &'static str) {
         *self.stats.entry(what).or_insert(0) += 1;
+    }
+
+    /// Adds a line to the trace (when tracing).
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if self.cfg.trace {
+            self.trace.push(format!("    {}", line()));
+        }
     }
 
     fn violate(&mut self, what: String) {
@@ -423,16 +516,194 @@ impl World {
         }
     }
 
-    /// Deploys every task of a new attempt from the latest completed checkpoint; sinks commit
-    /// that checkpoint's pre-committed transactions and drop the rest.
-    fn deploy(&mut self) {
-        let restored = self.latest_completed();
-        for ch in &mut self.channels {
-            ch.queue.clear();
-            ch.outstanding = 0;
-            ch.sent = 0;
-            ch.last_barrier = 0;
+    /// A new process: a new job master and coordinator, which restore from the newest
+    /// checkpoint whose `_metadata` exists, and deploy every region.
+    fn start_process(&mut self) {
+        self.uploads.clear();
+        self.events.clear();
+        self.initial = self.latest_completed();
+        let min_next = self.files.keys().map(|k| k.0).max().unwrap_or(0) + 1;
+        let coordinator = CheckpointCoordinator::new(
+            self.settings.clone(),
+            Arc::new(self.storage.clone()),
+            JOB.into(),
+            "sim".into(),
+            128,
+            min_next,
+            (self.base, 0),
+        );
+        self.master = MasterCore::new(
+            self.regions.clone(),
+            self.region_failover,
+            Some(coordinator),
+            RestartTracker::new(self.restart_strategy),
+        );
+        if let Some(Planted::Master(f)) = self.cfg.planted {
+            self.master.plant(f);
         }
+        self.master.start();
+        self.perform();
+    }
+
+    /// The process died, or its job failed for good and is submitted again from the latest
+    /// checkpoint.
+    fn new_process(&mut self, why: &'static str) {
+        self.count(why);
+        self.process_restarts += self.master.restart_count() + 1;
+        for t in &mut self.tasks {
+            t.gone = true;
+        }
+        self.start_process();
+    }
+
+    /// Performs what the job master decided.
+    fn perform(&mut self) {
+        while let Some(action) = self.master.next_action() {
+            self.note(|| format!("master: {action:?}"));
+            match action {
+                MasterAction::Deploy { regions, from } => self.deploy(&regions, from),
+                MasterAction::Cancel { regions } => {
+                    for r in regions {
+                        for t in self.regions[r].clone() {
+                            if let Some(task) = self.tasks.get_mut(t) {
+                                task.gone = true;
+                                task.control.clear();
+                                task.outbox.clear();
+                            }
+                        }
+                    }
+                }
+                MasterAction::Message { task, message } => self.deliver(task, message),
+                MasterAction::EndOfInput { task } => self.send_control(task, Control::EndOfInput),
+            }
+        }
+        if self.cfg.mode == Mode::Concurrent
+            && self
+                .master
+                .failure_cause()
+                .is_some_and(|c| c.contains("tolerable number of failed checkpoints"))
+        {
+            self.violate("a checkpoint failed in a run that tolerates none".into());
+        }
+        match self.master.outcome() {
+            Some(JobOutcome::Finished) => self.finished = true,
+            Some(JobOutcome::Failed { .. }) => self.new_process("jobs failed for good"),
+            Some(JobOutcome::Canceled) => self.violate("the job was cancelled".into()),
+            None => {}
+        }
+    }
+
+    /// Deploys regions, each as its attempt, from checkpoint `from` or from what the process
+    /// started with; sinks commit the restored checkpoint's pre-committed transactions and
+    /// drop the rest.
+    fn deploy(&mut self, regions: &[(usize, u32)], from: Option<u64>) {
+        let restored = match from {
+            Some(id) => {
+                if !self
+                    .storage
+                    .exists(&metadata_path(JOB, id))
+                    .unwrap_or(false)
+                {
+                    return self.violate(format!(
+                        "restore from checkpoint {id}, which has no _metadata"
+                    ));
+                }
+                match (0..TASKS)
+                    .map(|t| self.files.get(&(id, t)).cloned())
+                    .collect()
+                {
+                    Some(snaps) => Some(snaps),
+                    None => return self.violate(format!("checkpoint {id} misses a task's state")),
+                }
+            }
+            None => self.initial.clone(),
+        };
+        if self.cfg.trace {
+            let input = self.input.clone();
+            self.note(|| format!("input: {input:?}"));
+            for (t, snap) in restored.iter().flatten().enumerate() {
+                let line = format!(
+                    "restored task {t}: {:?} channels {:?}",
+                    snap.state, snap.channels
+                );
+                self.note(|| line);
+            }
+        }
+        if self.tasks.is_empty() {
+            self.tasks = (0..TASKS).map(|t| self.new_task(t, 0, None)).collect();
+            for t in &mut self.tasks {
+                t.gone = true;
+            }
+        }
+        let mut infos = Vec::new();
+        for &(r, attempt) in regions {
+            if from.is_some() || self.count_restart(attempt) {
+                self.count(
+                    if self.regions.len() > 1 && regions.len() == 1 && self.region_failover {
+                        "region restarts"
+                    } else {
+                        "job restarts"
+                    },
+                );
+            }
+            for t in self.regions[r].clone() {
+                let snap = restored.as_ref().map(|r| r[t].clone());
+                self.tasks[t] = self.new_task(t, attempt, snap);
+                for ch in &mut self.channels {
+                    if ch.from == t || ch.to == t {
+                        ch.queue.clear();
+                        ch.outstanding = 0;
+                        ch.available = CREDITS_MAX;
+                        ch.sent = 0;
+                        ch.last_barrier = 0;
+                    }
+                }
+                infos.push(task_info(t));
+            }
+        }
+        let at = self.now().at;
+        self.master.deployed(infos, at);
+    }
+
+    /// Whether deploying `attempt` is a restart (the first attempts of a process are not).
+    fn count_restart(&self, attempt: u32) -> bool {
+        attempt as usize >= self.regions.len()
+    }
+
+    /// Task `t` of a new attempt, restored from `snap`.
+    fn new_task(&mut self, t: usize, attempt: u32, snap: Option<Snap>) -> Task {
+        let state = snap.as_ref().map(|s| s.state.clone());
+        let body = if is_source(t) {
+            let pos = match state {
+                Some(State::Source(p)) => p,
+                _ => 0,
+            };
+            Body::Source {
+                keys: self.input[t].clone(),
+                pos,
+                exhausted: false,
+            }
+        } else if is_counter(t) {
+            Body::Counter {
+                counts: match state {
+                    Some(State::Counter(c)) => c,
+                    _ => BTreeMap::new(),
+                },
+            }
+        } else {
+            if let Some(State::Sink(pending)) = state {
+                for (txn, out) in pending {
+                    self.external.entry((t, txn)).or_insert(out);
+                }
+            }
+            Body::Sink {
+                current: Vec::new(),
+                pre_committed: Vec::new(),
+            }
+        };
+        let replay = snap
+            .map(|s| s.channels.into_iter().flat_map(|(_, b)| b).collect())
+            .unwrap_or_default();
         let mode = if self.cfg.mode == Mode::AtLeastOnce {
             AlignmentMode::Tracking
         } else {
@@ -444,73 +715,22 @@ impl World {
             }
             _ => None,
         };
-        let mut tasks = Vec::with_capacity(TASKS);
-        for t in 0..TASKS {
-            let snap = restored.as_ref().map(|r| r[t].clone());
-            let state = snap.as_ref().map(|s| s.state.clone());
-            let body = if is_source(t) {
-                let pos = match state {
-                    Some(State::Source(p)) => p,
-                    _ => 0,
-                };
-                Body::Source {
-                    keys: self.input[t].clone(),
-                    pos,
-                    exhausted: false,
-                    end_of_input: false,
-                }
-            } else if is_counter(t) {
-                Body::Counter {
-                    counts: match state {
-                        Some(State::Counter(c)) => c,
-                        _ => BTreeMap::new(),
-                    },
-                }
-            } else {
-                if let Some(State::Sink(pending)) = state {
-                    for (txn, out) in pending {
-                        self.external.entry((t, txn)).or_insert(out);
-                    }
-                }
-                Body::Sink {
-                    current: Vec::new(),
-                    pre_committed: Vec::new(),
-                }
-            };
-            let replay = snap
-                .map(|s| s.channels.into_iter().flat_map(|(_, b)| b).collect())
-                .unwrap_or_default();
-            tasks.push(Task {
-                body,
-                gate: InputGate::new(self.inputs[t].len(), mode)
-                    .with_aligned_timeout(timeout)
-                    .with_flaw(self.flaw()),
-                held: None,
-                control: VecDeque::new(),
-                replay,
-                ended: false,
-                failed: false,
-                exited: false,
-            });
+        Task {
+            body,
+            gate: InputGate::new(self.inputs[t].len(), mode)
+                .with_aligned_timeout(timeout)
+                .with_flaw(self.flaw()),
+            attempt,
+            held: None,
+            control: VecDeque::new(),
+            replay,
+            partial: vec![Vec::new(); self.outputs[t].len()],
+            outbox: VecDeque::new(),
+            ended: false,
+            failed: false,
+            exited: false,
+            gone: false,
         }
-        self.tasks = tasks;
-        self.exhausted = vec![false; SOURCES];
-        self.exited = 0;
-        self.final_id = None;
-        self.end_sent = false;
-        let infos = (0..TASKS)
-            .map(|t| TaskInfo {
-                index: t,
-                name: format!("task {t}"),
-                subtask: 0,
-                is_source: is_source(t),
-                operators: vec![(uid(t), 1)],
-            })
-            .collect();
-        let at = self.now().at;
-        self.coordinator
-            .set_tasks(infos, vec![self.attempt; TASKS], at);
-        self.deliver();
     }
 
     /// The task snapshots of the newest checkpoint whose `_metadata` exists.
@@ -527,98 +747,155 @@ impl World {
             .collect()
     }
 
-    /// A new attempt after a failure (`crash`: the whole process died, with everything in flight).
-    fn restart(&mut self, crash: bool) {
-        self.count(if crash { "crashes" } else { "task failures" });
-        if crash {
-            // A new process: nothing in flight survives, and a new coordinator starts from
-            // what the storage holds.
-            self.uploads.clear();
-            self.coordinator = new_coordinator(&self.settings, &self.storage, self.base);
-        }
-        self.events.clear();
-        self.restarts += 1;
-        self.attempt += 1;
-        self.deploy();
-    }
-
+    /// Sends control mail to a running task (a gone task's mailbox is closed).
     fn send_control(&mut self, task: usize, c: Control) {
-        self.tasks[task].control.push_back(c);
-    }
-
-    /// Delivers the coordinator's messages on the control path; a completion notification
-    /// other than the final checkpoint's may be lost (a later one subsumes it).
-    fn deliver(&mut self) {
-        for (t, m) in self.coordinator.drain_messages() {
-            let c = match m {
-                TaskMessage::Trigger(b, kind) => Control::Trigger(b, kind),
-                TaskMessage::Complete(id) => {
-                    if self.final_id != Some(id) && self.rng.u32(0..8) == 0 {
-                        self.count("lost completions");
-                        continue;
-                    }
-                    Control::Complete(id)
-                }
-                TaskMessage::Aborted(id) => {
-                    if self.final_id == Some(id) {
-                        self.final_id = None;
-                    }
-                    Control::Aborted(id)
-                }
-            };
-            self.send_control(t, c);
+        if let Some(t) = self.tasks.get_mut(task).filter(|t| !t.gone) {
+            t.control.push_back(c);
         }
     }
 
-    fn has_credit(&self, task: usize) -> bool {
-        self.outputs[task]
-            .iter()
-            .all(|&c| self.channels[c].outstanding < CREDITS_MAX)
-    }
-
-    fn send_batch(&mut self, ch: usize, batch: Box<dyn Any + Send>) {
-        let c = &mut self.channels[ch];
-        c.outstanding += 1;
-        c.sent += 1;
-        c.queue.push_back(Item::Data(Element::Batch(batch)));
-        if c.outstanding > CREDITS_MAX {
-            self.violate(format!("channel {ch} holds more batches than its credits"));
-        }
-    }
-
-    fn forward(&mut self, task: usize, barrier: Barrier, unaligned: bool) {
-        for &ch in &self.outputs[task].clone() {
-            let c = &mut self.channels[ch];
-            if barrier.id <= c.last_barrier {
-                let last = c.last_barrier;
-                self.violate(format!(
-                    "task {task} sent barrier {} on channel {ch} after barrier {last}",
-                    barrier.id
-                ));
-                return;
+    /// Delivers a coordinator message on the control path; a completion notification other
+    /// than the final checkpoint's may be lost (a later one subsumes it).
+    fn deliver(&mut self, task: usize, m: TaskMessage) {
+        let c = match m {
+            TaskMessage::Trigger(b, kind) => Control::Trigger(b, kind),
+            TaskMessage::Complete(id) => {
+                if self.master.final_checkpoint() != Some(id) && self.rng.u32(0..8) == 0 {
+                    self.count("lost completions");
+                    return;
+                }
+                Control::Complete(id)
             }
-            c.last_barrier = barrier.id;
-            let item = if unaligned {
-                Item::Priority(barrier, c.sent)
-            } else {
-                Item::Data(Element::Barrier(barrier))
+            TaskMessage::Aborted(id) => Control::Aborted(id),
+        };
+        self.send_control(task, c);
+    }
+
+    /// Whether `out` may go on channel `ch` now.
+    fn may_send(&self, ch: usize, out: &Out) -> bool {
+        !matches!(out, Out::Batch(_, FlushCredit::Wait)) || self.channels[ch].available > 0
+    }
+
+    /// `task` sends `out` on channel `ch`: at once, or after what waits in its outbox.
+    fn send(&mut self, task: usize, ch: usize, out: Out) {
+        if self.tasks[task].outbox.is_empty() && self.may_send(ch, &out) {
+            self.put(ch, out);
+        } else {
+            self.tasks[task].outbox.push_back((ch, out));
+        }
+    }
+
+    /// Puts `out` on channel `ch`.
+    fn put(&mut self, ch: usize, out: Out) {
+        if self.cfg.trace {
+            let what = match &out {
+                Out::Batch(b, credit) => format!("batch {} {credit:?}", describe(&**b)),
+                Out::Barrier(b) => format!("barrier {}", b.id),
+                Out::Priority(b) => {
+                    format!("priority barrier {} after {}", b.id, self.channels[ch].sent)
+                }
+                Out::EndOfStream => "end of stream".into(),
             };
-            c.queue.push_back(item);
+            self.note(|| format!("channel {ch}: {what}"));
+        }
+        let c = &mut self.channels[ch];
+        let item = match out {
+            Out::Batch(batch, credit) => {
+                if credit == FlushCredit::Wait && c.available <= 0 {
+                    return self.violate(format!("a batch went on channel {ch} without credit"));
+                }
+                c.available -= 1;
+                c.outstanding += 1;
+                c.sent += 1;
+                Item::Data(Element::Batch(batch))
+            }
+            Out::Barrier(b) | Out::Priority(b) if b.id <= c.last_barrier => {
+                let last = c.last_barrier;
+                return self.violate(format!(
+                    "barrier {} sent on channel {ch} after barrier {last}",
+                    b.id
+                ));
+            }
+            Out::Barrier(b) => {
+                c.last_barrier = b.id;
+                Item::Data(Element::Barrier(b))
+            }
+            Out::Priority(b) => {
+                c.last_barrier = b.id;
+                Item::Priority(b, c.sent)
+            }
+            Out::EndOfStream => Item::Data(Element::EndOfStream),
+        };
+        c.queue.push_back(item);
+    }
+
+    /// The front of `task`'s outbox may go out.
+    fn may_unblock(&self, task: usize) -> bool {
+        self.tasks[task]
+            .outbox
+            .front()
+            .is_some_and(|(ch, out)| self.may_send(*ch, out))
+    }
+
+    /// A batch of `records` for `task`'s output `out`.
+    fn batch_of(task: usize, records: Vec<(u64, u64)>) -> Box<dyn Any + Send> {
+        if is_source(task) {
+            Box::new(records.into_iter().map(|(k, _)| k).collect::<Vec<u64>>())
+        } else {
+            Box::new(records)
+        }
+    }
+
+    /// Sends the partial batch of `task`'s output `out`, if it has one.
+    fn flush_partial(&mut self, task: usize, out: usize, credit: FlushCredit) {
+        let records = std::mem::take(&mut self.tasks[task].partial[out]);
+        if records.is_empty() {
+            return;
+        }
+        let ch = self.outputs[task][out];
+        if credit == FlushCredit::Overdraw && self.channels[ch].available <= 0 {
+            self.count("overdrafts");
+        }
+        self.send(task, ch, Out::Batch(Self::batch_of(task, records), credit));
+    }
+
+    /// `task` emits a record on its output `out`: a full batch goes out, waiting for credit.
+    fn emit(&mut self, task: usize, out: usize, record: (u64, u64)) {
+        self.tasks[task].partial[out].push(record);
+        if self.tasks[task].partial[out].len() >= self.batch_max {
+            self.flush_partial(task, out, FlushCredit::Wait);
+        }
+    }
+
+    /// Forwards a barrier on every output, by the sending rule.
+    fn forward(&mut self, task: usize, barrier: Barrier, unaligned: bool) {
+        let rule = Forwarding::with_flaw(self.flaw());
+        for step in rule.steps(unaligned) {
+            for out in 0..self.outputs[task].len() {
+                let ch = self.outputs[task][out];
+                match step {
+                    ForwardStep::FlushPartial(credit) => self.flush_partial(task, out, credit),
+                    ForwardStep::Barrier if unaligned => {
+                        self.send(task, ch, Out::Priority(barrier))
+                    }
+                    ForwardStep::Barrier => self.send(task, ch, Out::Barrier(barrier)),
+                }
+            }
         }
     }
 
     fn end_stream(&mut self, task: usize) {
         self.tasks[task].ended = true;
-        for &ch in &self.outputs[task].clone() {
-            self.channels[ch]
-                .queue
-                .push_back(Item::Data(Element::EndOfStream));
+        for out in 0..self.outputs[task].len() {
+            self.flush_partial(task, out, FlushCredit::Wait);
+            let ch = self.outputs[task][out];
+            self.send(task, ch, Out::EndOfStream);
         }
     }
 
     fn state_of(&mut self, task: usize, id: u64) -> State {
         let commit_now = self.cfg.planted == Some(Planted::CommitAtPreCommit);
-        let txn = (id, self.attempt);
+        let txn = (id, self.tasks[task].attempt);
         match &mut self.tasks[task].body {
             Body::Source { pos, .. } => State::Source(*pos),
             Body::Counter { counts } => State::Counter(counts.clone()),
@@ -638,6 +915,8 @@ impl World {
     }
 
     fn act(&mut self, task: usize, action: GateAction) {
+        let attempt = self.tasks[task].attempt;
+        self.note(|| format!("task {task}: {action:?}"));
         match action {
             GateAction::Snapshot {
                 barrier, unaligned, ..
@@ -660,8 +939,7 @@ impl World {
                 if unaligned {
                     self.tasks[task].held = Some((barrier.id, snap));
                 } else {
-                    self.uploads
-                        .push_back((self.attempt, task, barrier.id, snap));
+                    self.uploads.push_back((attempt, task, barrier.id, snap));
                 }
             }
             GateAction::Forward { barrier, unaligned } => self.forward(task, barrier, unaligned),
@@ -671,7 +949,7 @@ impl World {
                         self.count("non-empty channel states");
                     }
                     snap.channels = channels;
-                    self.uploads.push_back((self.attempt, task, id, snap));
+                    self.uploads.push_back((attempt, task, id, snap));
                 }
                 other => self.tasks[task].held = other,
             },
@@ -695,9 +973,9 @@ impl World {
                     }
                     failed => failed,
                 };
-                self.events.push_back(Event::Decline {
-                    attempt: self.attempt,
-                    id,
+                self.events.push_back(JobEvent::Decline {
+                    checkpoint_id: id,
+                    attempt,
                     cause,
                 });
             }
@@ -723,20 +1001,28 @@ impl World {
     }
 
     fn fail_task(&mut self, task: usize) {
-        if !self.tasks[task].failed {
-            self.tasks[task].failed = true;
-            self.events.push_back(Event::Failed {
-                attempt: self.attempt,
+        let t = &mut self.tasks[task];
+        if !t.failed {
+            t.failed = true;
+            let attempt = t.attempt;
+            self.events.push_back(JobEvent::Exited {
+                attempt,
+                task,
+                result: Err(TaskError::msg("simulated task failure")),
             });
         }
     }
 
     fn maybe_exit(&mut self, task: usize) {
         let t = &mut self.tasks[task];
-        if t.ended && !t.exited && !t.failed && t.gate.may_exit() {
+        let idle = t.outbox.is_empty();
+        if t.ended && idle && !t.exited && !t.failed && !t.gone && t.gate.may_exit() {
             t.exited = true;
-            self.events.push_back(Event::Exited {
-                attempt: self.attempt,
+            let attempt = t.attempt;
+            self.events.push_back(JobEvent::Exited {
+                attempt,
+                task,
+                result: Ok(()),
             });
         }
     }
@@ -758,8 +1044,9 @@ impl World {
                     (k, *c)
                 })
                 .collect();
-            let ch = self.outputs[task][0];
-            self.send_batch(ch, Box::new(out));
+            for record in out {
+                self.emit(task, 0, record);
+            }
         } else if let Ok(recs) = batch.downcast::<Vec<(u64, u64)>>() {
             if let Body::Sink { current, .. } = &mut self.tasks[task].body {
                 current.extend(recs.iter());
@@ -798,6 +1085,12 @@ impl World {
     /// `task` processes an element of input `input` that the gate let through.
     fn process(&mut self, task: usize, input: usize, element: Element) {
         let now = self.now();
+        self.note(|| match &element {
+            Element::Batch(b) => format!("task {task} input {input}: batch {}", describe(&**b)),
+            Element::Barrier(b) => format!("task {task} input {input}: barrier {}", b.id),
+            Element::EndOfStream => format!("task {task} input {input}: end of stream"),
+            Element::Encoded(_) => format!("task {task} input {input}: encoded"),
+        });
         match element {
             Element::Batch(batch) => {
                 if self.tasks[task].gate.is_blocked(input) {
@@ -805,6 +1098,7 @@ impl World {
                 }
                 let ch = self.inputs[task][input];
                 self.channels[ch].outstanding -= 1;
+                self.channels[ch].available += 1;
                 let recorded = self.tasks[task]
                     .gate
                     .before_batch(input)
@@ -828,40 +1122,52 @@ impl World {
             Element::Encoded(_) => self.violate(format!("task {task} got an encoded batch")),
         }
         let parked = self.tasks[task].gate.parked();
-        if parked > self.inputs[task].len() * (CREDITS_MAX + 6) {
+        if parked > self.inputs[task].len() * (CREDITS_MAX as usize + 6) {
             self.violate(format!("task {task} parks {parked} elements"));
         }
     }
 
-    fn runnable(&self, task: usize) -> bool {
+    /// The task runs (it may be blocked on credit).
+    fn alive(&self, task: usize) -> bool {
         let t = &self.tasks[task];
-        !t.failed && !t.exited
+        !t.failed && !t.exited && !t.gone
+    }
+
+    /// The task runs and is not blocked on credit: it may take input, mail and timers.
+    fn runnable(&self, task: usize) -> bool {
+        self.alive(task) && self.tasks[task].outbox.is_empty()
     }
 
     fn choices(&mut self, out: &mut Vec<Choice>) {
         out.clear();
         out.push(Choice::Tick);
         for t in 0..TASKS {
-            if !self.runnable(t) {
+            if !self.alive(t) {
                 continue;
             }
             let task = &self.tasks[t];
-            if !task.replay.is_empty() {
-                if self.has_credit(t) {
-                    out.push(Choice::Replay(t));
+            if !task.outbox.is_empty() {
+                // Blocked in a send: the task thread waits for credit and does nothing else.
+                if self.may_unblock(t) {
+                    out.push(Choice::Send(t));
                 }
+                continue;
+            }
+            if !task.replay.is_empty() {
+                out.push(Choice::Replay(t));
                 continue;
             }
             if !task.control.is_empty() {
                 out.push(Choice::Control(t));
             }
+            if task.partial.iter().any(|p| !p.is_empty()) {
+                out.push(Choice::Flush(t));
+            }
             if let Body::Source {
                 exhausted: false, ..
             } = task.body
             {
-                if self.has_credit(t) {
-                    out.push(Choice::Poll(t));
-                }
+                out.push(Choice::Poll(t));
             }
             if is_source(t) {
                 continue;
@@ -872,9 +1178,8 @@ impl World {
             if task.gate.promotes() {
                 out.push(Choice::Promote(t));
             }
-            let credit = self.has_credit(t);
             let ready = task.gate.ready_parked();
-            if ready && credit {
+            if ready {
                 out.push(Choice::Parked(t));
             }
             for &ch in &self.inputs[t] {
@@ -883,7 +1188,7 @@ impl World {
                     out.push(Choice::Priority(ch));
                 }
                 // Parked elements go before new mail.
-                if !ready && credit && matches!(q.front(), Some(Item::Data(_))) {
+                if !ready && matches!(q.front(), Some(Item::Data(_))) {
                     out.push(Choice::Data(ch));
                 }
             }
@@ -896,6 +1201,20 @@ impl World {
         }
     }
 
+    /// A fault, if one is due: a task fails, a worker hosting some tasks is lost, or the
+    /// process crashes.
+    fn fault(&mut self) -> Option<Choice> {
+        if self.failure_budget == 0 || self.rng.u32(0..150) != 0 {
+            return None;
+        }
+        self.failure_budget -= 1;
+        Some(match self.rng.u32(0..3) {
+            0 => Choice::Crash,
+            1 => Choice::FailTask(self.rng.usize(0..TASKS)),
+            _ => Choice::LoseWorker(self.rng.u32(1..(1 << TASKS))),
+        })
+    }
+
     pub(crate) fn run(mut self) -> Outcome {
         let mut choices = Vec::new();
         let mut steps = 0;
@@ -905,16 +1224,12 @@ impl World {
                 break;
             }
             steps += 1;
-            let c = if self.failure_budget > 0 && self.rng.u32(0..150) == 0 {
-                self.failure_budget -= 1;
-                if self.rng.bool() {
-                    Choice::Crash
-                } else {
-                    Choice::FailTask(self.rng.usize(0..TASKS))
+            let c = match self.fault() {
+                Some(c) => c,
+                None => {
+                    self.choices(&mut choices);
+                    choices[self.rng.usize(0..choices.len())]
                 }
-            } else {
-                self.choices(&mut choices);
-                choices[self.rng.usize(0..choices.len())]
             };
             if self.cfg.trace {
                 self.trace
@@ -927,7 +1242,7 @@ impl World {
         }
         Outcome {
             steps,
-            restarts: self.restarts,
+            restarts: self.process_restarts + self.master.restart_count(),
             completed: self.completed,
             violation: self.violation,
             trace: self.trace,
@@ -970,6 +1285,18 @@ impl World {
             Choice::Priority(ch) => self.priority(ch),
             Choice::Promote(t) => self.promote(t),
             Choice::Capture(t) => self.capture(t),
+            Choice::Flush(t) => {
+                self.count("idle flushes");
+                for out in 0..self.outputs[t].len() {
+                    self.flush_partial(t, out, FlushCredit::Wait);
+                }
+            }
+            Choice::Send(t) => {
+                if let Some((ch, out)) = self.tasks[t].outbox.pop_front() {
+                    self.count("sends that waited for credit");
+                    self.put(ch, out);
+                }
+            }
             Choice::Upload => {
                 if let Some((attempt, task, id, snap)) = self.uploads.pop_front() {
                     let path = format!("{}/task-{task}", checkpoint_dir(JOB, id));
@@ -977,16 +1304,25 @@ impl World {
                         return self.violate(format!("upload failed: {e}"));
                     }
                     self.files.insert((id, task), snap);
-                    self.events.push_back(Event::Ack { attempt, task, id });
+                    self.events.push_back(JobEvent::Ack(TaskAck {
+                        checkpoint_id: id,
+                        task_index: task,
+                        attempt,
+                        file: Some(format!("task-{task}")),
+                        uids: vec![uid(task)],
+                        stats: TaskCheckpointStats::default(),
+                    }));
                 }
             }
             Choice::Master => self.master(),
             Choice::FailTask(t) => {
-                if self.runnable(t) {
+                if self.alive(t) {
+                    self.count("task failures");
                     self.fail_task(t)
                 }
             }
-            Choice::Crash => self.restart(true),
+            Choice::LoseWorker(hosted) => self.lose_worker(hosted),
+            Choice::Crash => self.new_process("crashes"),
         }
         for t in 0..TASKS {
             if self.tasks[t].gate.deadline().is_some_and(|d| d <= now.at) && self.runnable(t) {
@@ -997,20 +1333,36 @@ impl World {
         }
     }
 
+    /// The worker hosting the tasks in bit set `hosted` died with them.
+    fn lose_worker(&mut self, hosted: u32) {
+        let mut attempts = Vec::new();
+        for t in (0..TASKS).filter(|t| hosted & (1 << t) != 0) {
+            let task = &mut self.tasks[t];
+            if !task.gone {
+                task.gone = true;
+                if !attempts.contains(&task.attempt) {
+                    attempts.push(task.attempt);
+                }
+            }
+        }
+        if attempts.is_empty() {
+            return;
+        }
+        self.count("lost workers");
+        if attempts.len() > 1 {
+            self.count("lost workers hosting several attempts");
+        }
+        self.events.push_back(JobEvent::Lost {
+            attempts,
+            reason: "simulated worker loss".into(),
+        });
+    }
+
     fn tick(&mut self) {
         self.now_ms += self.rng.u64(1..=3);
         let at = self.now().at;
-        if let Err(e) = self.coordinator.check_timeouts(at) {
-            return self.violate(format!("the job failed: {e}"));
-        }
-        if self.final_id.is_none() && !self.end_sent {
-            if self.exhausted.iter().all(|&e| e) {
-                self.final_id = self.coordinator.maybe_trigger(at, true);
-            } else {
-                self.coordinator.maybe_trigger(at, false);
-            }
-        }
-        self.deliver();
+        self.master.poll(at);
+        self.perform();
     }
 
     fn poll(&mut self, s: usize) {
@@ -1019,30 +1371,30 @@ impl World {
             keys,
             pos,
             exhausted,
-            ..
         } = &mut self.tasks[s].body
         else {
             return;
         };
         let end = (*pos + n).min(keys.len());
-        let mut per: Vec<Vec<u64>> = vec![Vec::new(); COUNTERS];
-        for &k in &keys[*pos..end] {
-            per[(k % COUNTERS as u64) as usize].push(k);
-        }
+        let read: Vec<u64> = keys[*pos..end].to_vec();
         *pos = end;
         let now_exhausted = end == keys.len();
         *exhausted = now_exhausted;
-        for (k, batch) in per.into_iter().enumerate() {
-            if !batch.is_empty() {
-                let ch = self.outputs[s][k];
-                self.send_batch(ch, Box::new(batch));
-            }
+        for k in read {
+            let counter = (k % COUNTERS as u64) as usize;
+            let out = match self.topology {
+                Topology::Shuffle => counter,
+                Topology::Forward => 0,
+            };
+            self.emit(s, out, (k, 0));
         }
         if now_exhausted {
-            self.events.push_back(Event::Exhausted {
-                attempt: self.attempt,
-                task: s,
-            });
+            for out in 0..self.outputs[s].len() {
+                self.flush_partial(s, out, FlushCredit::Wait);
+            }
+            let attempt = self.tasks[s].attempt;
+            self.events
+                .push_back(JobEvent::SourceExhausted { attempt, task: s });
         }
     }
 
@@ -1061,8 +1413,7 @@ impl World {
                 self.act_all(t, actions);
             }
             Control::EndOfInput => {
-                if let Body::Source { end_of_input, .. } = &mut self.tasks[t].body {
-                    *end_of_input = true;
+                if is_source(t) {
                     self.tasks[t].gate.end_input();
                     self.end_stream(t);
                 }
@@ -1135,6 +1486,15 @@ impl World {
                 self.priority(ch);
             }
         }
+        let parked = self.tasks[t]
+            .gate
+            .capture_parked(|_, element| match element {
+                Element::Batch(b) => Ok::<_, ()>(Some(Self::encode_batch(t, &**b))),
+                _ => Ok(None),
+            });
+        if parked.is_err() {
+            return self.violate(format!("task {t} cannot record its parked batches"));
+        }
         let at = self.queued(t);
         let mut plan = Vec::new();
         self.tasks[t]
@@ -1153,65 +1513,33 @@ impl World {
         }
     }
 
+    /// The job master handles its next event.
     fn master(&mut self) {
         let Some(e) = self.events.pop_front() else {
             return;
         };
-        let current = self.attempt;
-        let at = self.now().at;
-        match e {
-            Event::Ack { attempt, task, id } if attempt == current => {
-                // The process may die while the last ack's `_metadata` is being written.
-                if self.failure_budget > 0 && self.rng.u32(0..30) == 0 {
-                    self.failure_budget -= 1;
-                    self.storage.arm_metadata_crash();
-                }
-                let result = self.coordinator.on_ack(
-                    TaskAck {
-                        checkpoint_id: id,
-                        task_index: task,
-                        attempt,
-                        file: Some(format!("task-{task}")),
-                        uids: vec![uid(task)],
-                        stats: TaskCheckpointStats::default(),
-                    },
-                    at,
-                );
-                if self.storage.crashed() {
-                    self.count("crashes during a _metadata write");
-                    return self.restart(true);
-                }
-                match result {
-                    Ok(done) => {
-                        self.completed += done.len();
-                        self.deliver();
-                        let fin = self.final_id;
-                        if fin.is_some_and(|f| done.iter().any(|&d| d >= f)) && !self.end_sent {
-                            self.end_sent = true;
-                            for s in 0..SOURCES {
-                                self.send_control(s, Control::EndOfInput);
-                            }
-                        }
-                    }
-                    Err(e) => self.violate(format!("the job failed: {e}")),
-                }
-            }
-            Event::Decline { attempt, id, cause } if attempt == current => {
-                if let Err(e) = self.coordinator.on_decline(id, attempt, &cause, at) {
-                    self.violate(format!("the job failed: {e}"));
-                }
-                self.deliver();
-            }
-            Event::Exhausted { attempt, task } if attempt == current => self.exhausted[task] = true,
-            Event::Exited { attempt } if attempt == current => {
-                self.exited += 1;
-                if self.exited == TASKS {
-                    self.finished = true;
-                }
-            }
-            Event::Failed { attempt } if attempt == current => self.restart(false),
-            _ => {}
+        if matches!(e, JobEvent::Ack(_)) && self.failure_budget > 0 && self.rng.u32(0..30) == 0 {
+            // The process may die while the last ack's `_metadata` is being written.
+            self.failure_budget -= 1;
+            self.storage.arm_metadata_crash();
         }
+        let newest = |w: &World| {
+            w.master
+                .coordinator()
+                .and_then(|c| c.completed().last())
+                .map(|c| c.id)
+        };
+        let before = newest(self);
+        let at = self.now().at;
+        self.master.on_event(e, at);
+        if self.storage.crashed() {
+            return self.new_process("crashes during a _metadata write");
+        }
+        if newest(self) > before {
+            self.completed += 1;
+        }
+        self.master.poll(at);
+        self.perform();
     }
 
     /// The update-sequence property on what the sinks committed, and nothing left

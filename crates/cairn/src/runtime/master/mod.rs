@@ -1,0 +1,423 @@
+//! The job master's event loop: performs what [`MasterCore`] decides on real subtasks.
+//!
+//! Everything arrives as a [`JobEvent`] on one queue (acks, declines, source exhaustion, task
+//! exits, lost workers) or as a deadline of the loop (the next checkpoint trigger, a checkpoint
+//! timeout, a scheduled restart). The loop never sleeps: a restart's backoff is a deadline like
+//! the others, so acknowledgements of the other regions, their checkpoints' bookkeeping and a
+//! cancellation are handled while a failed region waits for its restart. The decisions (what
+//! to deploy, cancel, restart, trigger, and when the job ends) are [`MasterCore`]'s, which the
+//! simulation drives too; this module only deploys, cancels, delivers mail and reads
+//! checkpoints back from storage.
+
+mod core;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use tracing::info;
+
+#[cfg(test)]
+pub(crate) use self::core::MasterFlaw;
+pub(crate) use self::core::{MasterAction, MasterCore, Outcome};
+use super::channel::Mail;
+use super::deploy::{region_mask, Deployed, DeployedTask, Deployer, Executor};
+use super::graph::JobGraph;
+use super::job::{JobError, Progress, ProgressFn};
+use super::operators::{SinkOwner, SINK_PENDING_STATE};
+use super::restart::RestartTracker;
+use super::status::{JobState, JobStatus};
+use super::task::{JobEvent, JobMetrics};
+use crate::checkpoint::coordinator::{CompletedCheckpoint, TaskInfo};
+use crate::checkpoint::{load_checkpoint, CheckpointCoordinator, LoadedCheckpoint, TaskMessage};
+use crate::error::TaskError;
+
+/// How often the loop wakes with nothing to do (progress lines, cancel requests).
+const IDLE_WAKE: Duration = Duration::from_millis(200);
+/// How often the progress callback runs.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the job master is started with.
+pub(crate) struct MasterSetup<'a> {
+    pub(crate) graph: &'a JobGraph,
+    pub(crate) deployer: Deployer<'a>,
+    pub(crate) events: Receiver<JobEvent>,
+    pub(crate) coordinator: Option<CheckpointCoordinator>,
+    pub(crate) status: Arc<JobStatus>,
+    pub(crate) restarts: RestartTracker,
+    pub(crate) regions: Vec<Vec<usize>>,
+    pub(crate) region_failover: bool,
+    pub(crate) restored: Option<LoadedCheckpoint>,
+    pub(crate) metrics: Arc<JobMetrics>,
+    pub(crate) on_progress: Option<ProgressFn>,
+    pub(crate) started: Instant,
+}
+
+/// How a job that finished went.
+pub(crate) struct Finished {
+    pub(crate) checkpoints: Vec<CompletedCheckpoint>,
+    pub(crate) failed_checkpoints: u64,
+    pub(crate) restarts: u32,
+}
+
+/// The job master of one job run.
+pub(crate) struct JobMaster<'a> {
+    graph: &'a JobGraph,
+    deployer: Deployer<'a>,
+    events: Receiver<JobEvent>,
+    status: Arc<JobStatus>,
+    regions: Vec<Vec<usize>>,
+    /// The state regions are deployed from when no checkpoint completed in this run.
+    restored: Option<LoadedCheckpoint>,
+    metrics: Arc<JobMetrics>,
+    on_progress: Option<ProgressFn>,
+    started: Instant,
+    core: MasterCore,
+    executor: &'a mut dyn Executor,
+    /// Per region: the running deployment.
+    deployments: Vec<Option<Box<dyn Deployed>>>,
+    /// Per subtask: its latest deployment (its mailbox may be closed if it is not running).
+    tasks: Vec<Option<DeployedTask>>,
+    reported_state: JobState,
+    last_progress: Instant,
+}
+
+impl<'a> JobMaster<'a> {
+    /// Deploys every region. A deployment failure here is a setup error, not a restart.
+    pub(crate) fn start(
+        setup: MasterSetup<'a>,
+        executor: &'a mut dyn Executor,
+    ) -> Result<Self, JobError> {
+        let total = setup.deployer.plan.total_tasks();
+        let core = MasterCore::new(
+            setup.regions.clone(),
+            setup.region_failover,
+            setup.coordinator,
+            setup.restarts,
+        );
+        let mut master = JobMaster {
+            graph: setup.graph,
+            deployer: setup.deployer,
+            events: setup.events,
+            status: setup.status,
+            deployments: (0..setup.regions.len()).map(|_| None).collect(),
+            regions: setup.regions,
+            restored: setup.restored,
+            metrics: setup.metrics,
+            on_progress: setup.on_progress,
+            started: setup.started,
+            core,
+            executor,
+            tasks: vec![None; total],
+            reported_state: JobState::Created,
+            last_progress: Instant::now(),
+        };
+        init_sinks(
+            master.graph,
+            master.deployer.job_id,
+            master.restored.as_ref(),
+            |_| true,
+        )?;
+        master.core.start();
+        let Some(MasterAction::Deploy { regions, .. }) = master.core.next_action() else {
+            return Err(JobError::Setup(
+                "the job master did not deploy the job".into(),
+            ));
+        };
+        let now = Instant::now();
+        match master.deploy(&regions) {
+            Ok(infos) if infos.len() == total => master.core.deployed(infos, now),
+            Ok(_) => {
+                master.cancel(&(0..master.regions.len()).collect::<Vec<_>>());
+                return Err(JobError::Setup("some subtasks were not deployed".into()));
+            }
+            Err(e) => {
+                master.cancel(&(0..master.regions.len()).collect::<Vec<_>>());
+                master.status.set_state(JobState::Failed);
+                return Err(JobError::Setup(e.to_string()));
+            }
+        }
+        master.perform(now);
+        Ok(master)
+    }
+
+    /// Runs the loop until the job finished, was cancelled, or failed for good.
+    pub(crate) fn run(mut self) -> Result<Finished, JobError> {
+        loop {
+            let now = Instant::now();
+            self.core.poll(now);
+            self.perform(now);
+            if self.core.outcome().is_none() && self.status.cancel_requested() {
+                self.core.cancel();
+                self.perform(now);
+            }
+            if let Some(outcome) = self.core.outcome().cloned() {
+                return self.end(outcome);
+            }
+            let idle = now + IDLE_WAKE;
+            let wake = self.core.next_wake(now).map_or(idle, |w| w.min(idle));
+            match self
+                .events
+                .recv_timeout(wake.saturating_duration_since(now))
+            {
+                Ok(e) => self.core.on_event(e, Instant::now()),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self
+                    .core
+                    .on_job_failure("event channel closed".into(), Instant::now()),
+            }
+            self.perform(Instant::now());
+            self.report();
+        }
+    }
+
+    /// Performs the core's actions, and what they lead to, until there are none.
+    fn perform(&mut self, now: Instant) {
+        while let Some(action) = self.core.next_action() {
+            match action {
+                MasterAction::Deploy { regions, from } => match self.redeploy(&regions, from) {
+                    Ok(infos) => self.core.deployed(infos, now),
+                    Err(cause) => self.core.on_job_failure(cause, now),
+                },
+                MasterAction::Cancel { regions } => self.cancel(&regions),
+                MasterAction::Message { task, message } => self.send(
+                    task,
+                    match message {
+                        TaskMessage::Trigger(b, kind) => Mail::TriggerCheckpoint(b, kind),
+                        TaskMessage::Complete(id) => Mail::CheckpointComplete(id),
+                        TaskMessage::Aborted(id) => Mail::CheckpointAborted(id),
+                    },
+                ),
+                MasterAction::EndOfInput { task } => self.send(task, Mail::EndOfInput),
+            }
+        }
+        self.sync_state();
+    }
+
+    /// Sends mail to a subtask. A closed mailbox means the subtask is gone; its attempt is
+    /// failing anyway.
+    fn send(&self, task: usize, mail: Mail) {
+        if let Some(t) = self.tasks.get(task).and_then(Option::as_ref) {
+            let _ = t.mailbox.send(mail);
+        }
+    }
+
+    /// Redeploys regions after a failure, from checkpoint `from` (read back from storage, so a
+    /// restore is exactly what a new process would see) or from what the run started with.
+    fn redeploy(
+        &mut self,
+        regions: &[(usize, u32)],
+        from: Option<u64>,
+    ) -> Result<Vec<TaskInfo>, String> {
+        if let Some(id) = from {
+            let storage = self.deployer.storage;
+            let loaded = load_checkpoint(storage.as_ref(), self.deployer.job_id, id)
+                .map_err(|e| format!("cannot read back completed checkpoint {id}: {e}"))?;
+            self.restored = Some(loaded);
+        }
+        let scope: BTreeSet<usize> = regions.iter().map(|&(r, _)| r).collect();
+        match &self.restored {
+            Some(c) => info!(
+                "restoring regions {scope:?} from checkpoint {} ({})",
+                c.id(),
+                c.location
+            ),
+            None => info!("restarting regions {scope:?} without state (no checkpoint completed)"),
+        }
+        let plan = self.deployer.plan;
+        let region_of = |task: usize| self.regions.iter().position(|r| r.contains(&task));
+        let in_scope = |node: usize| {
+            let task = plan.offsets[plan.node_vertex[node]];
+            region_of(task).is_some_and(|r| scope.contains(&r))
+        };
+        init_sinks(
+            self.graph,
+            self.deployer.job_id,
+            self.restored.as_ref(),
+            in_scope,
+        )
+        .map_err(|e| e.to_string())?;
+        self.deploy(regions)
+            .map_err(|e| format!("the job could not be redeployed: {e}"))
+    }
+
+    /// Deploys `regions`, each as its attempt; returns their subtasks.
+    fn deploy(&mut self, regions: &[(usize, u32)]) -> Result<Vec<TaskInfo>, TaskError> {
+        let total = self.tasks.len();
+        let mut infos = Vec::new();
+        for &(r, attempt) in regions {
+            let mask = region_mask(&self.regions[r], total);
+            let d = self
+                .deployer
+                .deploy(self.executor, self.restored.as_ref(), &mask, attempt)?;
+            for t in d.infos() {
+                infos.push(t.info.clone());
+                let index = t.info.index;
+                if let Some(slot) = self.tasks.get_mut(index) {
+                    *slot = Some(t.clone());
+                }
+            }
+            self.deployments[r] = Some(d);
+        }
+        Ok(infos)
+    }
+
+    fn cancel(&mut self, regions: &[usize]) {
+        for &r in regions {
+            if let Some(d) = self.deployments.get_mut(r).and_then(Option::take) {
+                d.cancel();
+            }
+        }
+    }
+
+    /// The core's state, restarts and failure cause, for observers.
+    fn sync_state(&mut self) {
+        let state = self.core.state();
+        // A terminal state is reported when the job's end is done (subtasks joined,
+        // checkpoints recorded).
+        if state != self.reported_state && !state.is_terminal() {
+            self.reported_state = state;
+            self.status.set_state(state);
+        }
+        let restarts = self.core.restart_count();
+        let cause = self.core.failure_cause().map(str::to_string);
+        self.status.update(|v| {
+            v.restarts = restarts;
+            if cause.is_some() {
+                v.failure_cause = cause;
+            }
+        });
+    }
+
+    /// The job ended: joins or cancels what runs and reports how it went.
+    fn end(mut self, outcome: Outcome) -> Result<Finished, JobError> {
+        match outcome {
+            Outcome::Finished => {
+                let finished = self.finish_and_join();
+                self.status.set_state(JobState::Finished);
+                Ok(finished)
+            }
+            Outcome::Canceled => {
+                self.status.set_state(JobState::Canceled);
+                Err(JobError::Canceled)
+            }
+            Outcome::Failed { .. } => {
+                // What the cancelled subtasks still reported: a more telling cause than "task
+                // cancelled" may be among it.
+                let now = Instant::now();
+                while let Ok(e) = self.events.try_recv() {
+                    self.core.on_event(e, now);
+                }
+                self.sync_state();
+                self.status.set_state(JobState::Failed);
+                match self.core.outcome().cloned() {
+                    Some(Outcome::Failed {
+                        restarts,
+                        cause,
+                        reason,
+                    }) => Err(JobError::Failed {
+                        restarts,
+                        cause,
+                        reason,
+                    }),
+                    _ => Err(JobError::Canceled),
+                }
+            }
+        }
+    }
+
+    fn finish_and_join(&mut self) -> Finished {
+        for d in self.deployments.iter_mut().filter_map(Option::take) {
+            d.join();
+        }
+        let (checkpoints, failed_checkpoints) = match self.core.coordinator() {
+            Some(c) => {
+                sync_status(&self.status, c);
+                (c.completed().to_vec(), c.failed_total())
+            }
+            None => (Vec::new(), 0),
+        };
+        Finished {
+            checkpoints,
+            failed_checkpoints,
+            restarts: self.core.restart_count(),
+        }
+    }
+
+    /// Status for observers and the progress callback.
+    fn report(&mut self) {
+        if let Some(c) = self.core.coordinator() {
+            sync_status(&self.status, c);
+        }
+        if let Some(cb) = &self.on_progress {
+            if self.last_progress.elapsed() >= PROGRESS_INTERVAL {
+                self.last_progress = Instant::now();
+                cb(&progress(
+                    &self.metrics,
+                    self.core.coordinator(),
+                    self.started,
+                    self.core.restart_count(),
+                ));
+            }
+        }
+    }
+}
+
+/// Runs the once-per-attempt initialization of the sinks `select`ed: commit the restored
+/// checkpoint's pre-committed transactions, discard the rest.
+fn init_sinks(
+    graph: &JobGraph,
+    job_id: &str,
+    restored: Option<&LoadedCheckpoint>,
+    select: impl Fn(usize) -> bool,
+) -> Result<(), JobError> {
+    for node in graph.nodes() {
+        if let Some(init) = &node.sink_init {
+            if !select(node.id) {
+                continue;
+            }
+            let pending = restored.map(|c| c.all_list_entries(&node.uid, SINK_PENDING_STATE));
+            let owner = SinkOwner {
+                job_id: job_id.to_string(),
+                uid: node.uid.clone(),
+            };
+            init(&owner, pending)
+                .map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
+        }
+    }
+    Ok(())
+}
+
+fn sync_status(status: &JobStatus, c: &CheckpointCoordinator) {
+    let completed = c.completed();
+    let known = status.view_completed_count();
+    for cp in completed.iter().skip(known) {
+        status.checkpoint_completed((*cp.metadata).clone());
+    }
+    status.set_completed_count(completed.len());
+    status.update(|v| {
+        v.checkpoint_counts.triggered = c.triggered_total();
+        v.checkpoint_counts.in_progress = c.pending_count() as u64;
+        v.checkpoint_counts.completed = completed.len() as u64;
+        v.checkpoint_counts.failed = c.failed_total();
+    });
+}
+
+fn progress(
+    metrics: &JobMetrics,
+    c: Option<&CheckpointCoordinator>,
+    started: Instant,
+    restarts: u32,
+) -> Progress {
+    Progress {
+        elapsed: started.elapsed(),
+        records: metrics.records.load(Ordering::Relaxed),
+        checkpoints: c.map_or(0, |c| c.completed().len()),
+        last_checkpoint: c
+            .and_then(|c| c.completed().last())
+            .map(|l| (l.id, l.duration_ms, l.state_size)),
+        restarts,
+    }
+}
