@@ -3,6 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -12,7 +13,7 @@ use cairn::config::{keys, JobConfig};
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::jobs::{backpressure, pipelines};
 use cairn::runtime::{
-    run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions,
+    run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions, SavepointState,
 };
 use cairn_rest::{JobRegistry, RestServer};
 use clap::{Args, Parser};
@@ -35,6 +36,9 @@ pub struct RunArgs {
     /// Number of distinct generated words (K).
     #[arg(long, value_name = "K", requires = "generate")]
     keys: Option<u64>,
+    /// wordcount: generate at most N words per second (0: as fast as possible).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "generate")]
+    rate: u64,
     /// backpressure: records per second the throttled sink accepts.
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     sink_rate: u64,
@@ -89,6 +93,11 @@ pub struct RunArgs {
     /// Serve Flink's REST API (jobs, checkpoints, cancel) while the job runs: HOST:PORT, or PORT on 127.0.0.1.
     #[arg(long, value_name = "ADDR")]
     rest: Option<String>,
+    /// On Ctrl-C or SIGTERM, stop with a savepoint under DIR (a second signal cancels): sources
+    /// stop, the savepoint is taken, sinks commit everything before it, and the job ends
+    /// FINISHED; `--from` the printed path continues exactly once.
+    #[arg(long, value_name = "DIR")]
+    savepoint_on_exit: Option<PathBuf>,
     /// Require `Authorization: Bearer TOKEN` on every REST request.
     #[arg(long, value_name = "TOKEN", requires = "rest")]
     rest_token: Option<String>,
@@ -291,7 +300,11 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
             if keys == 0 {
                 bail!("--keys must be at least 1");
             }
-            WordInput::Generate { count, keys }
+            WordInput::Generate {
+                count,
+                keys,
+                rate: args.rate,
+            }
         }
         _ => bail!("wordcount needs --input FILE or --generate N"),
     };
@@ -301,7 +314,7 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
         _ => WordOutput::Print,
     };
     let graph = match (args.job.as_str(), &input) {
-        ("backpressure", WordInput::Generate { count, keys }) => {
+        ("backpressure", WordInput::Generate { count, keys, .. }) => {
             backpressure::build(&backpressure::BackpressureArgs {
                 records: *count,
                 keys: *keys,
@@ -312,7 +325,7 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
         ("backpressure", WordInput::File(_)) | ("pipelines", WordInput::File(_)) => {
             bail!("{} generates its input: use --generate N", args.job)
         }
-        ("pipelines", WordInput::Generate { count, keys }) => {
+        ("pipelines", WordInput::Generate { count, keys, .. }) => {
             pipelines::build(*count, *keys, &output)
         }
         _ => wordcount::build(&input, &output),
@@ -381,14 +394,17 @@ pub fn run(args: RunArgs) -> Result<()> {
     let expected_records = expected_records(&args, &input)?;
 
     // The job master fills in the job id once it knows it (it may adopt a restored one).
-    let rest = match &args.rest {
-        Some(addr) => {
-            let status = JobStatus::new(String::new(), graph.name().to_string(), config.describe());
-            let server = start_rest(addr, args.rest_token.clone(), status.clone())?;
-            Some((server, status))
+    let status = (args.rest.is_some() || args.savepoint_on_exit.is_some())
+        .then(|| JobStatus::new(String::new(), graph.name().to_string(), config.describe()));
+    let rest = match (&args.rest, &status) {
+        (Some(addr), Some(status)) => {
+            Some(start_rest(addr, args.rest_token.clone(), status.clone())?)
         }
-        None => None,
+        _ => None,
     };
+    if let (Some(dir), Some(status)) = (&args.savepoint_on_exit, &status) {
+        stop_on_signal(dir.clone(), status.clone())?;
+    }
     let interactive = std::io::stderr().is_terminal();
     let opts = RunOptions {
         config,
@@ -402,7 +418,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             .then(|| Arc::new(progress_line) as Arc<dyn Fn(&Progress) + Send + Sync>),
         inject_target: cairn::runtime::InjectTarget(args.inject_uid.clone()),
         metrics: None,
-        status: rest.as_ref().map(|(_, status)| status.clone()),
+        status,
         job_id: None,
     };
     let summary = run_job(&graph, opts);
@@ -418,12 +434,37 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(from) = &summary.restored_from {
         eprintln!("restored from {from}");
     }
+    for sp in &summary.savepoints {
+        match &sp.state {
+            SavepointState::Completed { location } => eprintln!("savepoint stored in {location}"),
+            SavepointState::Failed { cause } => eprintln!("savepoint failed: {cause}"),
+            SavepointState::InProgress => {}
+        }
+    }
     eprintln!("{}", summary_line(&summary));
     if let Some(path) = &args.summary_json {
         std::fs::write(path, summary_json(&summary).to_string())
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `--savepoint-on-exit`: the first Ctrl-C or SIGTERM asks for a stop-with-savepoint, the next
+/// one cancels.
+fn stop_on_signal(dir: PathBuf, status: Arc<JobStatus>) -> Result<()> {
+    let signals = AtomicU32::new(0);
+    ctrlc::set_handler(move || {
+        if signals.fetch_add(1, Ordering::SeqCst) == 0 {
+            eprintln!(
+                "stopping with a savepoint under {} (again to cancel)",
+                dir.display()
+            );
+            status.request_savepoint(dir.clone(), true);
+        } else {
+            status.request_cancel();
+        }
+    })
+    .context("cannot install the signal handler for --savepoint-on-exit")
 }
 
 /// Parses `--rest`: `HOST:PORT` (an IP address or a name), or a bare `PORT` (or `:PORT`) on

@@ -237,6 +237,16 @@ impl Watched {
             .unwrap_or_else(|e| panic!("bad REST address {addr:?}: {e}"))
     }
 
+    /// Sends SIGTERM (as `kill` or a service manager would).
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill -TERM failed");
+    }
+
     /// Fails the test with the child's stderr if it has exited.
     pub fn assert_running(&mut self) {
         if let Some(status) = self.child.try_wait().expect("try_wait") {

@@ -43,6 +43,7 @@ fn generated_wordcount() -> cairn::api::JobGraph {
     let input = wordcount::WordInput::Generate {
         count: 2_000_000,
         keys: 100,
+        rate: 0,
     };
     wordcount::build(&input, &wordcount::WordOutput::Discard).unwrap()
 }

@@ -17,14 +17,14 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     Barrier, BarrierKind, CheckpointMetadata, DeclineCause, OperatorMetadata, SubtaskStateHandle,
     TaskAck,
 };
 use crate::storage::format::{encode, FileKind};
-use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir};
+use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, METADATA_FILE};
 use crate::storage::CheckpointStorage;
 
 /// Checkpointing settings (from `execution.checkpointing.*` and `state.checkpoints.*`).
@@ -77,6 +77,41 @@ struct Pending {
     started: Instant,
     acks: Vec<Option<TaskAck>>,
     remaining: usize,
+    /// Set when this checkpoint is a savepoint.
+    savepoint: Option<SavepointRequest>,
+}
+
+/// A savepoint to take: where it goes and what it is for.
+pub struct SavepointRequest {
+    /// Names the request (the REST API's request id).
+    pub request_id: String,
+    /// Storage the savepoint is written to (its own directory, not the job's checkpoints).
+    pub target: Arc<dyn CheckpointStorage>,
+    /// The savepoint's directory in `target`; every file it needs lives under it.
+    pub dir: String,
+    /// Stop-with-savepoint: the sources stop at its barrier, and its completion commits the
+    /// sinks' output (an intermediate savepoint commits nothing: failover restores from
+    /// checkpoints, which must not find output committed after them).
+    pub stop: bool,
+}
+
+impl std::fmt::Debug for SavepointRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SavepointRequest")
+            .field("request_id", &self.request_id)
+            .field("dir", &self.dir)
+            .field("stop", &self.stop)
+            .finish()
+    }
+}
+
+/// How a savepoint request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SavepointOutcome {
+    /// Written: its checkpoint id and where it is.
+    Completed { id: u64, location: String },
+    /// Not taken, and why.
+    Failed(String),
 }
 
 /// Summary of a completed checkpoint, for progress lines and statistics.
@@ -112,6 +147,10 @@ pub struct CheckpointCoordinator {
     triggered_total: u64,
     /// Messages to subtasks not yet taken by the caller: (global task index, message).
     outbox: Vec<(usize, TaskMessage)>,
+    /// Savepoints requested and not triggered yet.
+    savepoint_queue: VecDeque<SavepointRequest>,
+    /// Savepoint requests that ended, not yet taken by the caller.
+    savepoint_outcomes: Vec<(String, SavepointOutcome)>,
     /// An instant and the wall-clock time (ms since the epoch) at that instant: barrier and
     /// metadata timestamps derive from `now`, so a simulated clock drives them too.
     epoch_base: (Instant, u64),
@@ -167,8 +206,38 @@ impl CheckpointCoordinator {
             failed_total: 0,
             triggered_total: 0,
             outbox: Vec::new(),
+            savepoint_queue: VecDeque::new(),
+            savepoint_outcomes: Vec::new(),
             epoch_base,
         }
+    }
+
+    /// Queues a savepoint: it is triggered as soon as fewer than max-concurrent checkpoints are
+    /// in flight, whatever the interval. Always aligned; never retained, subsumed or deleted by
+    /// the coordinator.
+    pub fn request_savepoint(&mut self, request: SavepointRequest) {
+        self.savepoint_queue.push_back(request);
+    }
+
+    /// Fails every savepoint not taken yet (the job is ending, or cannot take one now).
+    pub fn fail_queued_savepoints(&mut self, reason: &str) {
+        for r in std::mem::take(&mut self.savepoint_queue) {
+            self.savepoint_outcomes
+                .push((r.request_id, SavepointOutcome::Failed(reason.to_string())));
+        }
+    }
+
+    /// Takes the outcomes of savepoint requests that ended since the last call.
+    pub fn drain_savepoint_outcomes(&mut self) -> Vec<(String, SavepointOutcome)> {
+        std::mem::take(&mut self.savepoint_outcomes)
+    }
+
+    /// The stop-with-savepoint in flight, if any.
+    pub fn stop_in_flight(&self) -> Option<u64> {
+        self.pending
+            .values()
+            .find(|p| p.savepoint.as_ref().is_some_and(|s| s.stop))
+            .map(|p| p.barrier.id)
     }
 
     /// Wall-clock milliseconds since the Unix epoch at `now`.
@@ -209,7 +278,9 @@ impl CheckpointCoordinator {
         self.tasks = tasks;
         let ids: Vec<u64> = self.pending.keys().copied().collect();
         for id in ids {
-            self.pending.remove(&id);
+            if let Some(sp) = self.pending.remove(&id).and_then(|p| p.savepoint) {
+                self.savepoint_failed(sp, "subtasks failed while it was taken".into());
+            }
             self.broadcast(TaskMessage::Aborted(id));
             self.remove_dir(id);
         }
@@ -244,6 +315,9 @@ impl CheckpointCoordinator {
 
     /// When the next periodic trigger is due.
     pub fn next_trigger_at(&self, now: Instant) -> Instant {
+        if !self.savepoint_queue.is_empty() {
+            return now;
+        }
         let by_interval = self
             .last_trigger
             .map_or(now, |t| t + self.settings.interval);
@@ -254,27 +328,44 @@ impl CheckpointCoordinator {
     }
 
     /// Triggers a checkpoint if one is due (or `force`d, for the final checkpoint) and fewer
-    /// than max-concurrent are in flight. Returns its id.
+    /// than max-concurrent are in flight; a requested savepoint goes first, except in front of
+    /// the final checkpoint. Returns its id.
     pub fn maybe_trigger(&mut self, now: Instant, force: bool) -> Option<u64> {
         if self.tasks.is_empty() || self.pending.len() >= self.settings.max_concurrent as usize {
             return None;
         }
-        if !force && now < self.next_trigger_at(now) {
-            return None;
+        if !force {
+            if let Some(sp) = self.savepoint_queue.pop_front() {
+                return Some(self.trigger(now, true, Some(sp)));
+            }
+            if now < self.next_trigger_at(now) {
+                return None;
+            }
         }
+        Some(self.trigger(now, force, None))
+    }
+
+    /// Starts checkpoint (or savepoint) `next_id`: its barrier goes to the sources.
+    fn trigger(
+        &mut self,
+        now: Instant,
+        aligned_only: bool,
+        savepoint: Option<SavepointRequest>,
+    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let barrier = Barrier {
             id,
             timestamp_ms: self.epoch_ms(now),
-            aligned_only: force,
+            aligned_only,
         };
-        // The final checkpoint (forced) is aligned, so that no in-flight data is left to be
-        // processed after the sinks' last pre-commit.
-        let kind = if force {
-            BarrierKind::Aligned
-        } else {
-            self.settings.barrier_kind
+        // The final checkpoint and savepoints are aligned: the final one so that no in-flight
+        // data is left to be processed after the sinks' last pre-commit, savepoints so that
+        // they hold no in-flight data and restore at any parallelism.
+        let kind = match &savepoint {
+            Some(sp) if sp.stop => BarrierKind::Stop,
+            _ if aligned_only => BarrierKind::Aligned,
+            _ => self.settings.barrier_kind,
         };
         self.pending.insert(
             id,
@@ -283,6 +374,7 @@ impl CheckpointCoordinator {
                 started: now,
                 acks: vec![None; self.tasks.len()],
                 remaining: self.tasks.len(),
+                savepoint,
             },
         );
         self.last_trigger = Some(now);
@@ -292,7 +384,7 @@ impl CheckpointCoordinator {
             self.outbox
                 .push((t.index, TaskMessage::Trigger(barrier, kind)));
         }
-        Some(id)
+        id
     }
 
     /// A subtask acknowledged. Returns the ids of checkpoints that completed as a result.
@@ -371,6 +463,9 @@ impl CheckpointCoordinator {
     /// A newer checkpoint's barrier overtook `id`'s alignment: `id` cannot complete, but
     /// nothing failed, so the tolerable-failure count is untouched.
     fn abort_subsumed(&mut self, id: u64, now: Instant) {
+        if let Some(sp) = self.pending.get_mut(&id).and_then(|p| p.savepoint.take()) {
+            self.savepoint_failed(sp, "subsumed by a newer checkpoint".into());
+        }
         debug!(
             checkpoint = id,
             "checkpoint {id} subsumed by a newer checkpoint"
@@ -379,6 +474,15 @@ impl CheckpointCoordinator {
     }
 
     fn abort(&mut self, id: u64, reason: &str, now: Instant) -> Result<(), TooManyFailures> {
+        if let Some(sp) = self.pending.get_mut(&id).and_then(|p| p.savepoint.take()) {
+            // A failed savepoint fails its request, not the job.
+            warn!(checkpoint = id, "savepoint {id} failed: {reason}");
+            self.savepoint_failed(sp, reason.to_string());
+            self.pending.remove(&id);
+            self.broadcast(TaskMessage::Aborted(id));
+            self.remove_dir(id);
+            return Ok(());
+        }
         warn!(checkpoint = id, "checkpoint {id} failed: {reason}");
         self.discard(id, now);
         self.consecutive_failures += 1;
@@ -414,8 +518,13 @@ impl CheckpointCoordinator {
             if entry.get().remaining > 0 {
                 break;
             }
-            let p = entry.remove();
+            let mut p = entry.remove();
             let id = p.barrier.id;
+            if let Some(sp) = p.savepoint.take() {
+                self.complete_savepoint(p, sp, now);
+                done.push(id);
+                continue;
+            }
             match self.finalize(p, now) {
                 Ok(meta) => {
                     crate::failpoint::hit("checkpoint-completed", id);
@@ -448,6 +557,50 @@ impl CheckpointCoordinator {
     }
 
     fn finalize(&self, p: Pending, now: Instant) -> Result<CheckpointMetadata, String> {
+        let id = p.barrier.id;
+        let meta = self.metadata_of(p, now)?;
+        let bytes = encode(FileKind::Metadata, &meta).map_err(|e| e.to_string())?;
+        self.storage
+            .write_atomic(&metadata_path(&self.job_id, id), &bytes)
+            .map_err(|e| e.to_string())?;
+        Ok(meta)
+    }
+
+    /// Every subtask acknowledged savepoint `p`: its files are copied into its own directory
+    /// and its `_metadata` written there last; the job's copy goes. A stop-with-savepoint's
+    /// completion is broadcast (the sinks commit), an intermediate one's is not.
+    fn complete_savepoint(&mut self, p: Pending, sp: SavepointRequest, now: Instant) {
+        let id = p.barrier.id;
+        let result = self
+            .metadata_of(p, now)
+            .and_then(|meta| write_savepoint(self.storage.as_ref(), &self.job_id, &meta, &sp));
+        self.remove_dir(id);
+        match result {
+            Ok(()) => {
+                let location = sp.target.location(&sp.dir);
+                info!(checkpoint = id, "savepoint {id} written to {location}");
+                self.last_completion = Some(now);
+                if sp.stop {
+                    self.broadcast(TaskMessage::Complete(id));
+                }
+                self.savepoint_outcomes
+                    .push((sp.request_id, SavepointOutcome::Completed { id, location }));
+            }
+            Err(reason) => {
+                warn!(checkpoint = id, "savepoint {id} failed: {reason}");
+                self.broadcast(TaskMessage::Aborted(id));
+                self.savepoint_failed(sp, reason);
+            }
+        }
+    }
+
+    fn savepoint_failed(&mut self, sp: SavepointRequest, reason: String) {
+        self.savepoint_outcomes
+            .push((sp.request_id, SavepointOutcome::Failed(reason)));
+    }
+
+    /// The `_metadata` of a checkpoint every subtask acknowledged.
+    fn metadata_of(&self, p: Pending, now: Instant) -> Result<CheckpointMetadata, String> {
         let id = p.barrier.id;
         let mut operators: BTreeMap<String, OperatorMetadata> = BTreeMap::new();
         let mut tasks = Vec::with_capacity(p.acks.len());
@@ -490,10 +643,6 @@ impl CheckpointCoordinator {
             state_size,
             tasks,
         };
-        let bytes = encode(FileKind::Metadata, &meta).map_err(|e| e.to_string())?;
-        self.storage
-            .write_atomic(&metadata_path(&self.job_id, id), &bytes)
-            .map_err(|e| e.to_string())?;
         Ok(meta)
     }
 
@@ -515,6 +664,37 @@ impl CheckpointCoordinator {
             }
         }
     }
+}
+
+/// Copies the state files of checkpoint `meta` from the job's checkpoint storage into the
+/// savepoint's directory, then writes its `_metadata` there, last and atomically. File names in
+/// `_metadata` are relative to the directory, so the savepoint can be moved or copied.
+fn write_savepoint(
+    storage: &dyn CheckpointStorage,
+    job_id: &str,
+    meta: &CheckpointMetadata,
+    sp: &SavepointRequest,
+) -> Result<(), String> {
+    let from = checkpoint_dir(job_id, meta.checkpoint_id);
+    let mut files: Vec<&str> = meta
+        .operators
+        .iter()
+        .flat_map(|o| o.subtasks.iter().map(|h| h.file.as_str()))
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    for file in files {
+        let bytes = storage
+            .read(&format!("{from}/{file}"))
+            .map_err(|e| e.to_string())?;
+        sp.target
+            .write(&format!("{}/{file}", sp.dir), &bytes)
+            .map_err(|e| e.to_string())?;
+    }
+    let bytes = encode(FileKind::Metadata, meta).map_err(|e| e.to_string())?;
+    sp.target
+        .write_atomic(&format!("{}/{METADATA_FILE}", sp.dir), &bytes)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

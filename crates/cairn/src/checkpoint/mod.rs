@@ -10,7 +10,7 @@ pub mod restore;
 
 use serde::{Deserialize, Serialize};
 
-pub use coordinator::{CheckpointCoordinator, TaskMessage};
+pub use coordinator::{CheckpointCoordinator, SavepointOutcome, SavepointRequest, TaskMessage};
 pub use restore::{
     find_latest, list_checkpoints, load_checkpoint, load_from_path, CheckpointInfo,
     LoadedCheckpoint,
@@ -37,6 +37,10 @@ pub enum BarrierKind {
     AlignedWithTimeout { timeout_ms: u64 },
     /// Unaligned: overtakes in-flight data, which becomes channel state.
     Unaligned,
+    /// Aligned, and the sources stop reading after it: the barrier of a stop-with-savepoint.
+    /// Nothing a source reads after it is emitted, so a job resumed from the savepoint
+    /// continues exactly once.
+    Stop,
 }
 
 /// Why a subtask declined a checkpoint.

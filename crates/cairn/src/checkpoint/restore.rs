@@ -148,26 +148,45 @@ pub fn load_checkpoint(
     job_id: &str,
     id: u64,
 ) -> Result<LoadedCheckpoint, String> {
-    let meta_path = metadata_path(job_id, id);
+    load_dir(storage, &checkpoint_dir(job_id, id), Some((job_id, id)))
+}
+
+/// Loads the checkpoint or savepoint in directory `dir` of `storage` (the empty string: its
+/// root), reading and verifying every file it references before anything is restored.
+/// `expect`: the job and checkpoint its `_metadata` must name (a savepoint may come from any).
+pub fn load_dir(
+    storage: &dyn CheckpointStorage,
+    dir: &str,
+    expect: Option<(&str, u64)>,
+) -> Result<LoadedCheckpoint, String> {
+    let join = |name: &str| {
+        if dir.is_empty() {
+            name.to_string()
+        } else {
+            format!("{dir}/{name}")
+        }
+    };
+    let meta_path = join(METADATA_FILE);
     let bytes = storage.read(&meta_path).map_err(|e| e.to_string())?;
     let metadata: CheckpointMetadata = decode(FileKind::Metadata, &bytes)
         .map_err(|e| format!("{}: {e}", storage.location(&meta_path)))?;
-    if metadata.checkpoint_id != id || metadata.job_id != job_id {
-        return Err(format!(
-            "{}: metadata names checkpoint {} of job {}",
-            storage.location(&meta_path),
-            metadata.checkpoint_id,
-            metadata.job_id
-        ));
+    if let Some((job_id, id)) = expect {
+        if metadata.checkpoint_id != id || metadata.job_id != job_id {
+            return Err(format!(
+                "{}: metadata names checkpoint {} of job {}",
+                storage.location(&meta_path),
+                metadata.checkpoint_id,
+                metadata.job_id
+            ));
+        }
     }
     validate_metadata(&metadata).map_err(|e| format!("{}: {e}", storage.location(&meta_path)))?;
-    let dir = checkpoint_dir(job_id, id);
     let mut files: HashMap<String, TaskStateFile> = HashMap::new();
     let mut states: HashMap<String, Vec<(u32, OperatorStateData)>> = HashMap::new();
     for op in &metadata.operators {
         for h in &op.subtasks {
             if !files.contains_key(&h.file) {
-                let path = format!("{dir}/{}", h.file);
+                let path = join(&h.file);
                 let bytes = storage.read(&path).map_err(|e| e.to_string())?;
                 let f: TaskStateFile = decode(FileKind::TaskState, &bytes)
                     .map_err(|e| format!("{}: {e}", storage.location(&path)))?;
@@ -191,7 +210,7 @@ pub fn load_checkpoint(
     }
     Ok(LoadedCheckpoint {
         metadata,
-        location: storage.location(&dir),
+        location: storage.location(dir),
         storage_root: None,
         states,
     })
@@ -350,6 +369,13 @@ pub fn load_from_path(path: &Path) -> Result<(LoadedCheckpoint, Arc<FsStorage>),
         .canonicalize()
         .map_err(|e| format!("cannot open checkpoint {}: {e}", path.display()))?;
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    if parse_checkpoint_dir(name).is_none() && dir.join(METADATA_FILE).is_file() {
+        // A savepoint (or a checkpoint directory copied elsewhere): self-contained.
+        let storage = Arc::new(FsStorage::open(&dir).map_err(|e| e.to_string())?);
+        let c = load_dir(storage.as_ref(), "", None)
+            .map_err(|e| format!("savepoint {} is unusable: {e}", path.display()))?;
+        return Ok((c, storage));
+    }
     let id = parse_checkpoint_dir(name).ok_or_else(|| {
         format!(
             "{} is not a checkpoint directory (expected .../<job-id>/chk-<n>)",

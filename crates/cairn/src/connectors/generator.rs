@@ -1,3 +1,5 @@
+use std::time::{Duration, Instant};
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{TaskError, TaskResult};
@@ -12,6 +14,8 @@ pub type Word = compact_str::CompactString;
 pub struct GeneratorSource {
     count: u64,
     keys: u64,
+    /// Records per second over all subtasks (0: as fast as possible).
+    rate: u64,
 }
 
 impl GeneratorSource {
@@ -20,7 +24,14 @@ impl GeneratorSource {
         GeneratorSource {
             count,
             keys: keys.max(1),
+            rate: 0,
         }
+    }
+
+    /// Emits at most `rate` records per second over all subtasks (0: as fast as possible).
+    pub fn with_rate(mut self, rate: u64) -> Self {
+        self.rate = rate;
+        self
     }
 }
 
@@ -50,10 +61,19 @@ impl Source<Word> for GeneratorSource {
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<Word>>> {
         let splits: Vec<Split> = super::decode_splits("generator", &splits)?;
+        // Each reader's share of the rate, by its share of the records.
+        let mine: u64 = splits.iter().map(|s| s.end.saturating_sub(s.next)).sum();
+        let rate = match (self.rate, self.count) {
+            (0, _) | (_, 0) => 0.0,
+            (r, total) => (r as f64 * mine as f64 / total as f64).max(1.0),
+        };
         Ok(Box::new(GeneratorReader {
             keys: self.keys,
             splits,
             current: 0,
+            rate,
+            started: Instant::now(),
+            emitted: 0,
         }))
     }
 }
@@ -62,6 +82,10 @@ struct GeneratorReader {
     keys: u64,
     splits: Vec<Split>,
     current: usize,
+    /// Records per second for this reader (0: unthrottled).
+    rate: f64,
+    started: Instant,
+    emitted: u64,
 }
 
 impl SourceReader<Word> for GeneratorReader {
@@ -71,7 +95,18 @@ impl SourceReader<Word> for GeneratorReader {
                 self.current += 1;
                 continue;
             }
-            let stop = split.end.min(split.next + max as u64);
+            let mut max = max as u64;
+            if self.rate > 0.0 {
+                let allowed = (self.started.elapsed().as_secs_f64() * self.rate) as u64;
+                let budget = allowed.saturating_sub(self.emitted);
+                if budget == 0 {
+                    let next_due = Duration::from_secs_f64((self.emitted + 1) as f64 / self.rate);
+                    return Ok(SourceStatus::IdleUntil(self.started + next_due));
+                }
+                max = max.min(budget);
+            }
+            let stop = split.end.min(split.next + max);
+            self.emitted += stop - split.next;
             let mut digits = itoa::Buffer::new();
             let mut word = [0u8; 24];
             word[0] = b'w';

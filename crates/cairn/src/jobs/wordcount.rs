@@ -20,7 +20,9 @@ pub enum WordInput {
     /// Whitespace-separated words of a text file.
     File(PathBuf),
     /// `count` generated words over `keys` distinct ones.
-    Generate { count: u64, keys: u64 },
+    /// `count` generated words over `keys` distinct ones, at most `rate` per second (0: as fast
+    /// as possible).
+    Generate { count: u64, keys: u64, rate: u64 },
 }
 
 /// Where the counts go.
@@ -89,8 +91,8 @@ pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String>
             })
             .uid("split")
             .name("split"),
-        WordInput::Generate { count, keys } => env
-            .source(GeneratorSource::new(*count, *keys))
+        WordInput::Generate { count, keys, rate } => env
+            .source(GeneratorSource::new(*count, *keys).with_rate(*rate))
             .uid("source")
             .name("generator"),
     };

@@ -112,6 +112,8 @@ pub struct JobSummary {
     pub restored_from: Option<String>,
     /// `--from latest` found nothing to restore.
     pub started_fresh: bool,
+    /// The savepoint requests of the run and how they ended.
+    pub savepoints: Vec<super::status::SavepointStatus>,
 }
 
 /// Why a job did not finish.
@@ -312,7 +314,7 @@ pub fn run_job_with(
         },
         events: events_rx,
         coordinator,
-        status,
+        status: status.clone(),
         restarts: RestartTracker::new(config.effective_restart_strategy()),
         regions,
         region_failover,
@@ -333,5 +335,6 @@ pub fn run_job_with(
         injected: injector.as_ref().map(|i| (i.fired(), i.planned())),
         restored_from,
         started_fresh,
+        savepoints: status.view().savepoints,
     })
 }

@@ -229,7 +229,11 @@ mod tests {
     }
 
     fn wordcount_graph() -> JobGraph {
-        let input = WordInput::Generate { count: 10, keys: 3 };
+        let input = WordInput::Generate {
+            count: 10,
+            keys: 3,
+            rate: 0,
+        };
         wordcount::build(&input, &WordOutput::Discard).unwrap()
     }
 

@@ -2,8 +2,9 @@
 //! such as the REST API (which read it and may request a cancel).
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +51,40 @@ pub struct CheckpointCounts {
     pub failed: u64,
 }
 
+/// Where a savepoint request stands (Flink's `IN_PROGRESS` / `COMPLETED` with a failure
+/// cause or a location).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum SavepointState {
+    /// Requested, not written yet.
+    InProgress,
+    /// Written to `location`.
+    Completed { location: String },
+    /// Not taken.
+    Failed { cause: String },
+}
+
+/// A savepoint request of a job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SavepointStatus {
+    /// The request id (Flink's trigger id).
+    pub request_id: String,
+    /// Stop-with-savepoint.
+    pub stop: bool,
+    /// Where it stands.
+    pub state: SavepointState,
+}
+
+/// A request to the job master from outside it (REST API, command line, signal handler).
+#[derive(Debug, Clone)]
+pub enum JobCommand {
+    /// Take a savepoint under `target_dir`; `stop`: then end the job (stop-with-savepoint).
+    Savepoint {
+        request_id: String,
+        target_dir: PathBuf,
+        stop: bool,
+    },
+}
+
 /// What observers can see of a job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobStatusView {
@@ -73,6 +108,8 @@ pub struct JobStatusView {
     pub checkpoint_history: Vec<CheckpointMetadata>,
     /// Effective configuration (key, value).
     pub config: Vec<(String, String)>,
+    /// Savepoint requests, oldest first.
+    pub savepoints: Vec<SavepointStatus>,
 }
 
 /// Completed checkpoints kept in the status for observers.
@@ -84,6 +121,7 @@ pub struct JobStatus {
     view: RwLock<JobStatusView>,
     history: RwLock<VecDeque<CheckpointMetadata>>,
     cancel: AtomicBool,
+    commands: Mutex<Vec<JobCommand>>,
     completed_seen: std::sync::atomic::AtomicUsize,
 }
 
@@ -102,9 +140,11 @@ impl JobStatus {
                 checkpoint_counts: CheckpointCounts::default(),
                 checkpoint_history: Vec::new(),
                 config,
+                savepoints: Vec::new(),
             }),
             history: RwLock::new(VecDeque::new()),
             cancel: AtomicBool::new(false),
+            commands: Mutex::new(Vec::new()),
             completed_seen: std::sync::atomic::AtomicUsize::new(0),
         })
     }
@@ -157,6 +197,46 @@ impl JobStatus {
     /// Sets how many completed checkpoints are recorded.
     pub fn set_completed_count(&self, n: usize) {
         self.completed_seen.store(n, Ordering::Release);
+    }
+
+    /// Asks the job master for a savepoint under `target_dir` (and then to stop, when `stop`);
+    /// returns the request id to follow it by ([`JobStatusView::savepoints`]).
+    pub fn request_savepoint(&self, target_dir: PathBuf, stop: bool) -> String {
+        let request_id = format!("{:032x}", fastrand::u128(..));
+        self.update(|v| {
+            v.savepoints.push(SavepointStatus {
+                request_id: request_id.clone(),
+                stop,
+                state: SavepointState::InProgress,
+            })
+        });
+        let command = JobCommand::Savepoint {
+            request_id: request_id.clone(),
+            target_dir,
+            stop,
+        };
+        match self.commands.lock() {
+            Ok(mut c) => c.push(command),
+            Err(p) => p.into_inner().push(command),
+        }
+        request_id
+    }
+
+    /// Takes the commands requested since the last call.
+    pub fn take_commands(&self) -> Vec<JobCommand> {
+        match self.commands.lock() {
+            Ok(mut c) => std::mem::take(&mut *c),
+            Err(p) => std::mem::take(&mut *p.into_inner()),
+        }
+    }
+
+    /// Records how savepoint request `request_id` ended.
+    pub fn savepoint_ended(&self, request_id: &str, state: SavepointState) {
+        self.update(|v| {
+            if let Some(s) = v.savepoints.iter_mut().find(|s| s.request_id == request_id) {
+                s.state = state;
+            }
+        });
     }
 
     /// Asks the job to cancel.

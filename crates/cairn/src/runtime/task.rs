@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError};
 
 use super::chain::{Event, SourceStatus, TaskBody};
-use super::channel::{Barrier, CreditReturn, Element, Mail};
+use super::channel::{Barrier, BarrierKind, CreditReturn, Element, Mail};
 use super::gate::{GateAction, InputGate, Now};
 use super::inject::FailureInjector;
 use crate::checkpoint::restore::TaskStateFile;
@@ -370,9 +370,10 @@ impl TaskRuntime {
         // A source has no input channel; the handler still decides its barriers and outcomes.
         let mut gate = InputGate::new(0, super::gate::AlignmentMode::Aligned);
         let mut exhausted = false;
+        let mut stopped: Option<u64> = None;
         let mut idle_until: Option<Instant> = None;
         loop {
-            let mail = if exhausted {
+            let mail = if exhausted || stopped.is_some() {
                 self.body.flush()?;
                 Some(self.mailbox.recv().map_err(|_| TaskError::Cancelled)?)
             } else if let Some(until) = idle_until.take() {
@@ -393,8 +394,21 @@ impl TaskRuntime {
                 }
             };
             if let Some(mail) = mail {
+                // Stop-with-savepoint: after its barrier the source reads nothing more, unless
+                // the savepoint fails.
+                let stop_at = match &mail {
+                    Mail::TriggerCheckpoint(b, BarrierKind::Stop) => Some(b.id),
+                    _ => None,
+                };
+                let resumed = matches!(&mail, Mail::CheckpointAborted(id) if stopped == Some(*id));
                 if self.control(&mut gate, mail)? {
                     return self.finish(&mut gate);
+                }
+                if stop_at.is_some() {
+                    stopped = stop_at;
+                }
+                if resumed {
+                    stopped = None;
                 }
                 continue;
             }

@@ -20,7 +20,7 @@ use super::super::restart::RestartTracker;
 use super::super::status::JobState;
 use super::super::task::JobEvent;
 use crate::checkpoint::coordinator::TaskInfo;
-use crate::checkpoint::{CheckpointCoordinator, TaskMessage};
+use crate::checkpoint::{CheckpointCoordinator, SavepointOutcome, SavepointRequest, TaskMessage};
 use crate::error::TaskError;
 
 /// What the job master asks its environment to do.
@@ -115,6 +115,8 @@ pub(crate) struct MasterCore {
     failure_cause: Option<String>,
     outcome: Option<Outcome>,
     actions: VecDeque<MasterAction>,
+    /// Savepoint requests refused at once.
+    savepoint_refused: Vec<(String, SavepointOutcome)>,
     #[cfg(test)]
     flaw: Option<MasterFlaw>,
 }
@@ -158,6 +160,7 @@ impl MasterCore {
             failure_cause: None,
             outcome: None,
             actions: VecDeque::new(),
+            savepoint_refused: Vec::new(),
             #[cfg(test)]
             flaw: None,
         }
@@ -253,6 +256,42 @@ impl MasterCore {
     pub(crate) fn on_job_failure(&mut self, cause: String, now: Instant) {
         self.deploying = None;
         self.on_failure(Failure::job(cause), now);
+    }
+
+    /// A savepoint was requested (a stop-with-savepoint when `request.stop`): it is taken as
+    /// soon as the coordinator has room; its outcome comes out of
+    /// [`MasterCore::drain_savepoint_outcomes`].
+    pub(crate) fn request_savepoint(&mut self, request: SavepointRequest) {
+        let refuse = if self.outcome.is_some() {
+            Some("the job has ended")
+        } else if self.end_sent || self.final_checkpoint.is_some() {
+            Some("the job is finishing")
+        } else {
+            None
+        };
+        match (&mut self.coordinator, refuse) {
+            (Some(c), None) => c.request_savepoint(request),
+            (_, reason) => self.savepoint_refused.push((
+                request.request_id,
+                SavepointOutcome::Failed(
+                    reason
+                        .unwrap_or("checkpointing is disabled: no savepoint can be taken")
+                        .into(),
+                ),
+            )),
+        }
+    }
+
+    /// Savepoint requests that ended since the last call.
+    pub(crate) fn drain_savepoint_outcomes(&mut self) -> Vec<(String, SavepointOutcome)> {
+        let mut out = std::mem::take(&mut self.savepoint_refused);
+        if let Some(c) = &mut self.coordinator {
+            if self.outcome.is_some() || self.final_checkpoint.is_some() {
+                c.fail_queued_savepoints("the job is finishing");
+            }
+            out.extend(c.drain_savepoint_outcomes());
+        }
+        out
     }
 
     /// A cancellation was requested: everything is cancelled and the job ends CANCELED.
@@ -415,10 +454,16 @@ impl MasterCore {
             .flatten()
             .filter(|i| i.is_source)
             .all(|i| self.exhausted[i.index]);
+        let end_sent = self.end_sent;
         let Some(c) = self.coordinator.as_mut() else {
             return Ok(());
         };
         let timeouts = c.check_timeouts(now);
+        if end_sent {
+            // The last checkpoint completed and the sources are ending: no more checkpoints.
+            self.deliver();
+            return timeouts.map_err(|e| Failure::job(e.to_string()));
+        }
         if let Some(f) = self.final_checkpoint {
             // The final checkpoint was aborted: take another one.
             let completed = c.completed().last().is_some_and(|x| x.id >= f);
@@ -431,6 +476,9 @@ impl MasterCore {
                 self.final_checkpoint = c.maybe_trigger(now, true);
             } else {
                 c.maybe_trigger(now, false);
+                // A stop-with-savepoint is the job's last checkpoint: its completion ends
+                // the input.
+                self.final_checkpoint = c.stop_in_flight();
             }
         }
         self.deliver();

@@ -12,12 +12,13 @@
 mod core;
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use tracing::info;
+use tracing::{info, warn};
 
 #[cfg(test)]
 pub(crate) use self::core::MasterFlaw;
@@ -28,11 +29,15 @@ use super::graph::JobGraph;
 use super::job::{JobError, Progress, ProgressFn};
 use super::operators::{SinkOwner, SINK_PENDING_STATE};
 use super::restart::RestartTracker;
-use super::status::{JobState, JobStatus};
+use super::status::{JobCommand, JobState, JobStatus, SavepointState};
 use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CompletedCheckpoint, TaskInfo};
-use crate::checkpoint::{load_checkpoint, CheckpointCoordinator, LoadedCheckpoint, TaskMessage};
+use crate::checkpoint::{
+    load_checkpoint, CheckpointCoordinator, LoadedCheckpoint, SavepointOutcome, SavepointRequest,
+    TaskMessage,
+};
 use crate::error::TaskError;
+use crate::storage::FsStorage;
 
 /// How often the loop wakes with nothing to do (progress lines, cancel requests).
 const IDLE_WAKE: Duration = Duration::from_millis(200);
@@ -149,6 +154,7 @@ impl<'a> JobMaster<'a> {
             let now = Instant::now();
             self.core.poll(now);
             self.perform(now);
+            self.take_commands();
             if self.core.outcome().is_none() && self.status.cancel_requested() {
                 self.core.cancel();
                 self.perform(now);
@@ -193,7 +199,40 @@ impl<'a> JobMaster<'a> {
                 MasterAction::EndOfInput { task } => self.send(task, Mail::EndOfInput),
             }
         }
+        for (request_id, outcome) in self.core.drain_savepoint_outcomes() {
+            let state = match outcome {
+                SavepointOutcome::Completed { location, .. } => {
+                    info!("savepoint stored in {location}");
+                    SavepointState::Completed { location }
+                }
+                SavepointOutcome::Failed(cause) => {
+                    warn!("savepoint {request_id} failed: {cause}");
+                    SavepointState::Failed { cause }
+                }
+            };
+            self.status.savepoint_ended(&request_id, state);
+        }
         self.sync_state();
+    }
+
+    /// Hands the commands requested from outside (savepoints) to the core.
+    fn take_commands(&mut self) {
+        for command in self.status.take_commands() {
+            match command {
+                JobCommand::Savepoint {
+                    request_id,
+                    target_dir,
+                    stop,
+                } => {
+                    match savepoint_request(&request_id, &target_dir, self.deployer.job_id, stop) {
+                        Ok(request) => self.core.request_savepoint(request),
+                        Err(cause) => self
+                            .status
+                            .savepoint_ended(&request_id, SavepointState::Failed { cause }),
+                    }
+                }
+            }
+        }
     }
 
     /// Sends mail to a subtask. A closed mailbox means the subtask is gone; its attempt is
@@ -293,6 +332,7 @@ impl<'a> JobMaster<'a> {
 
     /// The job ended: joins or cancels what runs and reports how it went.
     fn end(mut self, outcome: Outcome) -> Result<Finished, JobError> {
+        self.perform(Instant::now());
         match outcome {
             Outcome::Finished => {
                 let finished = self.finish_and_join();
@@ -363,6 +403,37 @@ impl<'a> JobMaster<'a> {
             }
         }
     }
+}
+
+/// A savepoint request into a new directory `savepoint-<job>-<random>` under `target_dir`.
+fn savepoint_request(
+    request_id: &str,
+    target_dir: &Path,
+    job_id: &str,
+    stop: bool,
+) -> Result<SavepointRequest, String> {
+    std::fs::create_dir_all(target_dir).map_err(|e| {
+        format!(
+            "cannot create savepoint directory {}: {e}",
+            target_dir.display()
+        )
+    })?;
+    let target = FsStorage::open(target_dir).map_err(|e| e.to_string())?;
+    let short: String = job_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(6)
+        .collect();
+    let dir = format!(
+        "savepoint-{short}-{:012x}",
+        fastrand::u64(..) & 0xffff_ffff_ffff
+    );
+    Ok(SavepointRequest {
+        request_id: request_id.to_string(),
+        target: Arc::new(target),
+        dir,
+        stop,
+    })
 }
 
 /// Runs the once-per-attempt initialization of the sinks `select`ed: commit the restored

@@ -1,0 +1,189 @@
+//! Savepoints (issue 8): stop-with-savepoint, resuming from a savepoint at another
+//! parallelism, moving a savepoint, and refusing a damaged one.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{
+    assert_exactly_once, assert_no_leftovers, cairn, committed_lines, generated_counts, Watched,
+};
+
+const WORDS: u64 = 120_000;
+const KEYS: u64 = 300;
+/// Words per second: the run lasts about 4 s, so a stop lands in the middle of it.
+const RATE: &str = "30000";
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// `cairn run wordcount` over the generated words, stopped with a savepoint on SIGTERM.
+fn wordcount(
+    out: &Path,
+    ck: &Path,
+    parallelism: u32,
+    from: Option<&Path>,
+    rate: &str,
+) -> std::process::Command {
+    let mut cmd = cairn();
+    cmd.args([
+        "run",
+        "wordcount",
+        "--generate",
+        &WORDS.to_string(),
+        "--keys",
+        &KEYS.to_string(),
+    ])
+    .args(["--rate", rate, "--checkpoint-interval", "200ms"])
+    .arg("--output")
+    .arg(out)
+    .arg("--checkpoint-dir")
+    .arg(ck)
+    .args(["-p", &parallelism.to_string()]);
+    if let Some(from) = from {
+        cmd.arg("--from").arg(from);
+    }
+    cmd
+}
+
+/// Whether a checkpoint of some job under `ck` completed (its `_metadata` exists).
+fn a_checkpoint_completed(ck: &Path) -> bool {
+    let Ok(jobs) = std::fs::read_dir(ck) else {
+        return false;
+    };
+    jobs.flatten().any(|job| {
+        std::fs::read_dir(job.path())
+            .is_ok_and(|dirs| dirs.flatten().any(|d| d.path().join("_metadata").is_file()))
+    })
+}
+
+fn committed_records(out: &Path) -> u64 {
+    committed_lines(out).values().map(|v| v.len() as u64).sum()
+}
+
+/// Runs until a checkpoint completed, then stops it with SIGTERM and `--savepoint-on-exit`;
+/// returns the savepoint's path.
+fn run_and_stop(
+    out: &Path,
+    ck: &Path,
+    sp: &Path,
+    parallelism: u32,
+    from: Option<&Path>,
+) -> PathBuf {
+    let mut cmd = wordcount(out, ck, parallelism, from, RATE);
+    cmd.arg("--savepoint-on-exit").arg(sp);
+    let mut run = Watched::spawn(&mut cmd);
+    let until = Instant::now() + DEADLINE;
+    while !a_checkpoint_completed(ck) {
+        run.assert_running();
+        assert!(Instant::now() < until, "no checkpoint completed in time");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    run.terminate();
+    let path = run.wait_for_line("savepoint stored in ", until);
+    let (status, stderr) = run.wait(until);
+    assert!(status.success(), "the stopped run must succeed: {stderr}");
+    assert!(stderr.contains("wordcount finished"), "{stderr}");
+    PathBuf::from(path)
+}
+
+/// Stop with a savepoint, resume at parallelism 4 from it, stop again, resume at 1 to the end:
+/// every word's counts 1..n exactly once across the three runs, and each stop landed mid-run.
+#[test]
+fn stop_with_savepoint_and_resume_at_other_parallelisms_is_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, sp) = (dir.path().join("out"), dir.path().join("savepoints"));
+    let first = run_and_stop(&out, &dir.path().join("ck1"), &sp, 2, None);
+    let after_first = committed_records(&out);
+    assert!(
+        after_first > 0 && after_first < WORDS,
+        "the first stop must land mid-run: {after_first} of {WORDS} records committed"
+    );
+    assert_no_leftovers(&out);
+    let second = run_and_stop(&out, &dir.path().join("ck2"), &sp, 4, Some(&first));
+    let after_second = committed_records(&out);
+    assert!(
+        after_second > after_first && after_second < WORDS,
+        "the second stop must land mid-run: {after_second} of {WORDS}"
+    );
+    assert_ne!(first, second);
+    let mut last = wordcount(&out, &dir.path().join("ck3"), 1, Some(&second), "0");
+    let (status, stderr) = Watched::spawn(&mut last).wait(Instant::now() + DEADLINE);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("restored from"), "{stderr}");
+    assert_exactly_once(&out, &generated_counts(WORDS, KEYS));
+    assert_no_leftovers(&out);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// A state file of the savepoint (not its `_metadata`).
+fn a_state_file(sp: &Path) -> PathBuf {
+    std::fs::read_dir(sp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n != "_metadata"))
+        .expect("a savepoint has state files")
+}
+
+/// A savepoint moved elsewhere restores; one with a truncated file or one byte changed is
+/// refused before anything runs, naming the file.
+#[test]
+fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let taken = run_and_stop(
+        &out,
+        &dir.path().join("ck1"),
+        &dir.path().join("sp"),
+        2,
+        None,
+    );
+    let moved = dir.path().join("elsewhere").join("my-savepoint");
+    copy_dir(&taken, &moved);
+    std::fs::remove_dir_all(&taken).unwrap();
+
+    for damage in ["truncate", "flip"] {
+        let broken = dir.path().join(format!("broken-{damage}"));
+        copy_dir(&moved, &broken);
+        let file = a_state_file(&broken);
+        let mut bytes = std::fs::read(&file).unwrap();
+        match damage {
+            "truncate" => bytes.truncate(bytes.len() / 2),
+            _ => {
+                let i = bytes.len() - 3;
+                bytes[i] ^= 0x40;
+            }
+        }
+        std::fs::write(&file, &bytes).unwrap();
+        let before = committed_records(&out);
+        let run = wordcount(&out, &dir.path().join("ck-broken"), 2, Some(&broken), "0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            !run.status.success(),
+            "{damage}: a damaged savepoint must be refused"
+        );
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            stderr
+                .lines()
+                .last()
+                .is_some_and(|l| l.starts_with("error:") && l.contains(&name)),
+            "{damage}: the error names the file {name}: {stderr}"
+        );
+        assert_eq!(committed_records(&out), before, "{damage}: nothing ran");
+    }
+
+    let mut resume = wordcount(&out, &dir.path().join("ck2"), 3, Some(&moved), "0");
+    let (status, stderr) = Watched::spawn(&mut resume).wait(Instant::now() + DEADLINE);
+    assert!(status.success(), "{stderr}");
+    assert_exactly_once(&out, &generated_counts(WORDS, KEYS));
+}
