@@ -151,6 +151,9 @@ pub struct CheckpointCoordinator {
     savepoint_queue: VecDeque<SavepointRequest>,
     /// Savepoint requests that ended, not yet taken by the caller.
     savepoint_outcomes: Vec<(String, SavepointOutcome)>,
+    /// Planted bug (simulator tests only): intermediate savepoints commit side effects.
+    #[cfg(test)]
+    savepoints_commit: bool,
     /// An instant and the wall-clock time (ms since the epoch) at that instant: barrier and
     /// metadata timestamps derive from `now`, so a simulated clock drives them too.
     epoch_base: (Instant, u64),
@@ -208,6 +211,8 @@ impl CheckpointCoordinator {
             outbox: Vec::new(),
             savepoint_queue: VecDeque::new(),
             savepoint_outcomes: Vec::new(),
+            #[cfg(test)]
+            savepoints_commit: false,
             epoch_base,
         }
     }
@@ -217,6 +222,13 @@ impl CheckpointCoordinator {
     /// the coordinator.
     pub fn request_savepoint(&mut self, request: SavepointRequest) {
         self.savepoint_queue.push_back(request);
+    }
+
+    /// Plants a bug (simulator tests only): an intermediate savepoint's completion is
+    /// broadcast, so sinks commit output a failover from an older checkpoint repeats.
+    #[cfg(test)]
+    pub(crate) fn plant_savepoints_commit(&mut self) {
+        self.savepoints_commit = true;
     }
 
     /// Fails every savepoint not taken yet (the job is ending, or cannot take one now).
@@ -332,6 +344,10 @@ impl CheckpointCoordinator {
     /// the final checkpoint. Returns its id.
     pub fn maybe_trigger(&mut self, now: Instant, force: bool) -> Option<u64> {
         if self.tasks.is_empty() || self.pending.len() >= self.settings.max_concurrent as usize {
+            return None;
+        }
+        if self.pending.values().any(|p| p.savepoint.is_some()) {
+            // Nothing overtakes a savepoint: a newer barrier would subsume it at the subtasks.
             return None;
         }
         if !force {
@@ -521,30 +537,14 @@ impl CheckpointCoordinator {
             let mut p = entry.remove();
             let id = p.barrier.id;
             if let Some(sp) = p.savepoint.take() {
-                self.complete_savepoint(p, sp, now);
-                done.push(id);
+                if self.complete_savepoint(p, sp, now) {
+                    done.push(id);
+                }
                 continue;
             }
             match self.finalize(p, now) {
                 Ok(meta) => {
-                    crate::failpoint::hit("checkpoint-completed", id);
-                    self.consecutive_failures = 0;
-                    self.last_completion = Some(now);
-                    self.broadcast(TaskMessage::Complete(id));
-                    debug!(
-                        checkpoint = id,
-                        duration_ms = meta.duration_ms(),
-                        size = meta.state_size,
-                        "completed checkpoint {id}"
-                    );
-                    self.completed.push(CompletedCheckpoint {
-                        id,
-                        duration_ms: meta.duration_ms(),
-                        state_size: meta.state_size,
-                        metadata: Arc::new(meta),
-                    });
-                    self.retained.push_back(id);
-                    self.apply_retention();
+                    self.completed_checkpoint(meta, now);
                     done.push(id);
                 }
                 Err(reason) => {
@@ -557,41 +557,88 @@ impl CheckpointCoordinator {
     }
 
     fn finalize(&self, p: Pending, now: Instant) -> Result<CheckpointMetadata, String> {
-        let id = p.barrier.id;
         let meta = self.metadata_of(p, now)?;
-        let bytes = encode(FileKind::Metadata, &meta).map_err(|e| e.to_string())?;
-        self.storage
-            .write_atomic(&metadata_path(&self.job_id, id), &bytes)
-            .map_err(|e| e.to_string())?;
+        self.write_metadata(&meta)?;
         Ok(meta)
     }
 
+    /// Writes checkpoint `meta`'s `_metadata`, which completes it.
+    fn write_metadata(&self, meta: &CheckpointMetadata) -> Result<(), String> {
+        let bytes = encode(FileKind::Metadata, meta).map_err(|e| e.to_string())?;
+        self.storage
+            .write_atomic(&metadata_path(&self.job_id, meta.checkpoint_id), &bytes)
+            .map_err(|e| e.to_string())
+    }
+
     /// Every subtask acknowledged savepoint `p`: its files are copied into its own directory
-    /// and its `_metadata` written there last; the job's copy goes. A stop-with-savepoint's
-    /// completion is broadcast (the sinks commit), an intermediate one's is not.
-    fn complete_savepoint(&mut self, p: Pending, sp: SavepointRequest, now: Instant) {
+    /// and its `_metadata` written there last. An intermediate savepoint's job copy goes and
+    /// nothing is committed (failover restores from checkpoints, which must not find output
+    /// committed after them). A stop-with-savepoint commits the sinks' output, so it also stays
+    /// a completed checkpoint of the job (written before the savepoint and before the commit):
+    /// a failure or crash before the job finished restores from it, not from an older one.
+    fn complete_savepoint(&mut self, p: Pending, sp: SavepointRequest, now: Instant) -> bool {
         let id = p.barrier.id;
-        let result = self
-            .metadata_of(p, now)
-            .and_then(|meta| write_savepoint(self.storage.as_ref(), &self.job_id, &meta, &sp));
-        self.remove_dir(id);
-        match result {
-            Ok(()) => {
-                let location = sp.target.location(&sp.dir);
-                info!(checkpoint = id, "savepoint {id} written to {location}");
-                self.last_completion = Some(now);
-                if sp.stop {
-                    self.broadcast(TaskMessage::Complete(id));
-                }
-                self.savepoint_outcomes
-                    .push((sp.request_id, SavepointOutcome::Completed { id, location }));
-            }
-            Err(reason) => {
-                warn!(checkpoint = id, "savepoint {id} failed: {reason}");
-                self.broadcast(TaskMessage::Aborted(id));
-                self.savepoint_failed(sp, reason);
+        let meta = match self.metadata_of(p, now) {
+            Ok(meta) => meta,
+            Err(reason) => return self.savepoint_not_written(id, sp, reason),
+        };
+        if let Err(reason) = write_savepoint(self.storage.as_ref(), &self.job_id, &meta, &sp) {
+            return self.savepoint_not_written(id, sp, reason);
+        }
+        if sp.stop {
+            if let Err(reason) = self.write_metadata(&meta) {
+                // Without the checkpoint nothing may be committed: the stop fails as a whole.
+                let _ = sp.target.delete(&sp.dir);
+                return self.savepoint_not_written(id, sp, reason);
             }
         }
+        let location = sp.target.location(&sp.dir);
+        info!(checkpoint = id, "savepoint {id} written to {location}");
+        self.last_completion = Some(now);
+        if sp.stop {
+            self.completed_checkpoint(meta, now);
+        } else {
+            self.remove_dir(id);
+            #[cfg(test)]
+            if self.savepoints_commit {
+                self.broadcast(TaskMessage::Complete(id));
+            }
+        }
+        self.savepoint_outcomes
+            .push((sp.request_id, SavepointOutcome::Completed { id, location }));
+        true
+    }
+
+    /// Savepoint `id` could not be written: it is aborted (the sources of a stop resume).
+    fn savepoint_not_written(&mut self, id: u64, sp: SavepointRequest, reason: String) -> bool {
+        warn!(checkpoint = id, "savepoint {id} failed: {reason}");
+        self.remove_dir(id);
+        self.broadcast(TaskMessage::Aborted(id));
+        self.savepoint_failed(sp, reason);
+        false
+    }
+
+    /// Checkpoint `meta` is complete: the subtasks commit, it is retained.
+    fn completed_checkpoint(&mut self, meta: CheckpointMetadata, now: Instant) {
+        let id = meta.checkpoint_id;
+        crate::failpoint::hit("checkpoint-completed", id);
+        self.consecutive_failures = 0;
+        self.last_completion = Some(now);
+        self.broadcast(TaskMessage::Complete(id));
+        debug!(
+            checkpoint = id,
+            duration_ms = meta.duration_ms(),
+            size = meta.state_size,
+            "completed checkpoint {id}"
+        );
+        self.completed.push(CompletedCheckpoint {
+            id,
+            duration_ms: meta.duration_ms(),
+            state_size: meta.state_size,
+            metadata: Arc::new(meta),
+        });
+        self.retained.push_back(id);
+        self.apply_retention();
     }
 
     fn savepoint_failed(&mut self, sp: SavepointRequest, reason: String) {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub use coordinator::{CheckpointCoordinator, SavepointOutcome, SavepointRequest, TaskMessage};
 pub use restore::{
-    find_latest, list_checkpoints, load_checkpoint, load_from_path, CheckpointInfo,
+    find_latest, list_checkpoints, load_checkpoint, load_dir, load_from_path, CheckpointInfo,
     LoadedCheckpoint,
 };
 

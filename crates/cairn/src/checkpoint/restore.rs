@@ -34,8 +34,10 @@ pub struct LoadedCheckpoint {
     pub metadata: CheckpointMetadata,
     /// Where it lives (for log lines).
     pub location: String,
-    /// Storage root and job id it was loaded from.
+    /// Storage root and job id it was loaded from (a savepoint: its own directory).
     pub storage_root: Option<PathBuf>,
+    /// A self-contained savepoint directory, not `<root>/<job-id>/chk-<n>`.
+    pub self_contained: bool,
     /// Operator uid → (old subtask, state), by old subtask index.
     states: HashMap<String, Vec<(u32, OperatorStateData)>>,
 }
@@ -212,6 +214,7 @@ pub fn load_dir(
         metadata,
         location: storage.location(dir),
         storage_root: None,
+        self_contained: false,
         states,
     })
 }
@@ -372,8 +375,10 @@ pub fn load_from_path(path: &Path) -> Result<(LoadedCheckpoint, Arc<FsStorage>),
     if parse_checkpoint_dir(name).is_none() && dir.join(METADATA_FILE).is_file() {
         // A savepoint (or a checkpoint directory copied elsewhere): self-contained.
         let storage = Arc::new(FsStorage::open(&dir).map_err(|e| e.to_string())?);
-        let c = load_dir(storage.as_ref(), "", None)
+        let mut c = load_dir(storage.as_ref(), "", None)
             .map_err(|e| format!("savepoint {} is unusable: {e}", path.display()))?;
+        c.storage_root = Some(dir.clone());
+        c.self_contained = true;
         return Ok((c, storage));
     }
     let id = parse_checkpoint_dir(name).ok_or_else(|| {

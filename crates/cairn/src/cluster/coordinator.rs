@@ -545,6 +545,7 @@ impl Executor for ClusterExecutor {
                 .unwrap_or_else(|| self.inner.opts.checkpoint_dir.clone()),
             job_id: c.metadata.job_id.clone(),
             checkpoint_id: c.id(),
+            savepoint: c.self_contained,
         });
         let spec = DeploySpec {
             job_id: self.job_id.clone(),
@@ -561,6 +562,7 @@ impl Executor for ClusterExecutor {
                 .iter()
                 .map(|(id, h)| (*id, h.data_addr.clone()))
                 .collect(),
+            sources_stopped: req.sources_stopped,
         };
         if let Ok(mut jobs) = self.inner.jobs.lock() {
             if let Some(j) = jobs.get_mut(&self.job_id) {

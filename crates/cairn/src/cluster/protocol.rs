@@ -79,6 +79,9 @@ pub struct RestoreRef {
     pub job_id: String,
     /// Checkpoint id.
     pub checkpoint_id: u64,
+    /// A self-contained savepoint: `root` is its directory (job id and checkpoint id are
+    /// whatever its `_metadata` says).
+    pub savepoint: bool,
 }
 
 /// What a worker must run for one attempt.
@@ -106,6 +109,9 @@ pub struct DeploySpec {
     pub deploy_mask: Vec<bool>,
     /// Data address of every worker in the assignment.
     pub workers: Vec<(u32, String)>,
+    /// The sources start stopped: the checkpoint restored from is a completed
+    /// stop-with-savepoint, so nothing after it may be read; end of input follows.
+    pub sources_stopped: bool,
 }
 
 /// Coordinator → worker.

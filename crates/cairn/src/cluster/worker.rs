@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::frame::{read_frame, write_frame, FrameError};
 use super::protocol::{secrets_match, DataMsg, DeploySpec, ToCoordinator, ToWorker, WireEvent};
 use super::JobFactory;
-use crate::checkpoint::load_checkpoint;
+use crate::checkpoint::{load_checkpoint, load_dir};
 use crate::error::TaskError;
 use crate::runtime::channel::{
     ChannelSender, Credit, CreditReturn, DataFrame, Element, Mail, RemoteChannel,
@@ -467,6 +467,10 @@ fn deploy_attempt(
         None => Arc::new(MemoryStorage::new()),
     };
     let restored = match &spec.restore {
+        Some(r) if r.savepoint => {
+            let root = FsStorage::open(&r.root).map_err(|e| e.to_string())?;
+            Some(load_dir(&root, "", None)?)
+        }
         Some(r) => {
             let root = FsStorage::open(&r.root).map_err(|e| e.to_string())?;
             Some(load_checkpoint(&root, &r.job_id, r.checkpoint_id)?)
@@ -577,6 +581,7 @@ fn deploy_attempt(
         injector: &injector,
         metrics: &metrics,
         tasks: None,
+        sources_stopped: spec.sources_stopped,
     };
     let placement = Placement {
         hosted,
@@ -863,6 +868,7 @@ mod tests {
                 assignment: vec![1, 2],
                 deploy_mask: vec![true, true],
                 workers: vec![(1, worker_1.to_string())],
+                sources_stopped: false,
             },
             worker_id: 2,
             secret: SECRET.into(),

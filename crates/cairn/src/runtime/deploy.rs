@@ -175,6 +175,8 @@ pub struct DeployRequest<'a> {
     pub metrics: &'a Arc<JobMetrics>,
     /// The subtasks to deploy (a pipelined region), by global index; None: all.
     pub tasks: Option<&'a [bool]>,
+    /// The sources start stopped (restored from a completed stop-with-savepoint).
+    pub sources_stopped: bool,
 }
 
 /// Builds and starts the subtasks `placement` puts in this process.
@@ -386,6 +388,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
             injector: cx.injector.clone(),
             metrics: cx.metrics.clone(),
             checkpointing,
+            stopped: cx.sources_stopped,
         };
         let events = cx.events.clone();
         let attempt = cx.attempt;
@@ -468,6 +471,7 @@ impl Deployer<'_> {
         restored: Option<&LoadedCheckpoint>,
         mask: &[bool],
         attempt: u32,
+        sources_stopped: bool,
     ) -> Result<Box<dyn Deployed>, TaskError> {
         let req = DeployRequest {
             graph: self.graph,
@@ -481,6 +485,7 @@ impl Deployer<'_> {
             injector: self.injector,
             metrics: self.metrics,
             tasks: Some(mask),
+            sources_stopped,
         };
         executor.deploy(&req)
     }

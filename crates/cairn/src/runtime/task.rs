@@ -163,6 +163,8 @@ pub struct TaskRuntime {
     pub metrics: Arc<JobMetrics>,
     /// Whether checkpointing is on.
     pub checkpointing: bool,
+    /// A source starts stopped: it reads nothing and waits for end of input.
+    pub stopped: bool,
 }
 
 impl TaskRuntime {
@@ -370,7 +372,8 @@ impl TaskRuntime {
         // A source has no input channel; the handler still decides its barriers and outcomes.
         let mut gate = InputGate::new(0, super::gate::AlignmentMode::Aligned);
         let mut exhausted = false;
-        let mut stopped: Option<u64> = None;
+        // Restored at a completed stop-with-savepoint: no checkpoint id resumes it.
+        let mut stopped: Option<u64> = self.stopped.then_some(0);
         let mut idle_until: Option<Instant> = None;
         loop {
             let mail = if exhausted || stopped.is_some() {
@@ -778,6 +781,7 @@ mod tests {
             injector: None,
             metrics: Arc::default(),
             checkpointing: true,
+            stopped: false,
         };
         (rt, mail_tx, prio_tx)
     }

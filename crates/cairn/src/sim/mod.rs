@@ -192,6 +192,9 @@ mod tests {
             "sends that waited for credit",
             "overdrafts",
             "idle flushes",
+            "savepoints",
+            "stop savepoints",
+            "runs resumed from a stop savepoint",
         ] {
             assert!(
                 stats.get(what).copied().unwrap_or(0) * 1000 >= runs,
@@ -276,6 +279,12 @@ mod tests {
     #[test]
     fn finds_a_restart_from_a_stale_checkpoint() {
         finds(Planted::Master(MasterFlaw::StaleRestore), &Mode::ALL, 2_000);
+    }
+
+    /// Intermediate savepoints commit nothing (failover restores from older checkpoints).
+    #[test]
+    fn finds_a_savepoint_that_commits_side_effects() {
+        finds(Planted::SavepointCommits, &Mode::ALL, 5_000);
     }
 
     /// Defect 3.2: a sink must not finish before it learns that the final checkpoint completed.

@@ -30,7 +30,9 @@ use super::storage::FaultyStorage;
 use crate::checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointSettings, TaskInfo, TaskMessage,
 };
-use crate::checkpoint::{DeclineCause, TaskAck, TaskCheckpointStats};
+use crate::checkpoint::{
+    DeclineCause, SavepointOutcome, SavepointRequest, TaskAck, TaskCheckpointStats,
+};
 use crate::config::RestartStrategyConfig;
 use crate::error::TaskError;
 use crate::runtime::channel::{Barrier, BarrierKind, Element};
@@ -41,7 +43,7 @@ use crate::runtime::master::{MasterAction, MasterCore, MasterFlaw, Outcome as Jo
 use crate::runtime::restart::RestartTracker;
 use crate::runtime::task::JobEvent;
 use crate::storage::layout::{checkpoint_dir, metadata_path};
-use crate::storage::CheckpointStorage;
+use crate::storage::{CheckpointStorage, MemoryStorage};
 
 /// Source subtasks.
 pub(crate) const SOURCES: usize = 2;
@@ -109,6 +111,8 @@ pub(crate) enum Planted {
     SubsumedAsFailed,
     /// In the job master.
     Master(MasterFlaw),
+    /// An intermediate savepoint commits the sinks' output (its completion is broadcast).
+    SavepointCommits,
 }
 
 /// One run's settings.
@@ -162,6 +166,9 @@ enum Body {
         keys: Vec<u64>,
         pos: usize,
         exhausted: bool,
+        /// Stopped at this stop-with-savepoint barrier: it reads nothing more unless the
+        /// savepoint is aborted.
+        stopped: Option<u64>,
     },
     Counter {
         counts: BTreeMap<u64, u64>,
@@ -247,6 +254,8 @@ enum Choice {
     FailTask(usize),
     LoseWorker(u32),
     Crash,
+    /// A user asks for a savepoint (`true`: stop-with-savepoint).
+    Savepoint(bool),
 }
 
 pub(crate) struct World {
@@ -279,6 +288,15 @@ pub(crate) struct World {
     /// What the sinks committed, by (sink, transaction); survives everything.
     external: BTreeMap<(usize, Txn), Vec<(u64, u64)>>,
     failure_budget: u32,
+    /// Savepoints the user still asks for in this run.
+    savepoints_left: u32,
+    /// Where savepoints go; survives everything.
+    savepoint_target: MemoryStorage,
+    /// Savepoint requests: request id → (directory, stop).
+    savepoint_requests: BTreeMap<String, (String, bool)>,
+    /// The stop-with-savepoint the current process completed: the job ends, and is resumed
+    /// from it.
+    stopped_at: Option<(u64, String)>,
     /// Restarts of earlier processes (the current master counts its own).
     process_restarts: u32,
     finished: bool,
@@ -450,6 +468,7 @@ impl World {
             RestartTracker::new(RestartStrategyConfig::None),
         );
         let batch_max = rng.usize(1..=3);
+        let savepoints_left = rng.u32(0..=2);
         let mut w = World {
             cfg,
             rng,
@@ -475,12 +494,17 @@ impl World {
             completed: 0,
             external: BTreeMap::new(),
             failure_budget,
+            savepoints_left: 0,
+            savepoint_target: MemoryStorage::new(),
+            savepoint_requests: BTreeMap::new(),
+            stopped_at: None,
             process_restarts: 0,
             finished: false,
             violation: None,
             trace: Vec::new(),
             stats: BTreeMap::new(),
         };
+        w.savepoints_left = savepoints_left;
         w.start_process();
         w
     }
@@ -517,11 +541,17 @@ impl World {
     }
 
     /// A new process: a new job master and coordinator, which restore from the newest
-    /// checkpoint whose `_metadata` exists, and deploy every region.
+    /// checkpoint whose `_metadata` exists (as `--from latest`), and deploy every region.
     fn start_process(&mut self) {
+        let latest = self.latest_completed();
+        self.start_process_from(latest);
+    }
+
+    /// A new process restoring from `initial` (None: starting empty).
+    fn start_process_from(&mut self, initial: Option<Vec<Snap>>) {
         self.uploads.clear();
         self.events.clear();
-        self.initial = self.latest_completed();
+        self.initial = initial;
         let min_next = self.files.keys().map(|k| k.0).max().unwrap_or(0) + 1;
         let coordinator = CheckpointCoordinator::new(
             self.settings.clone(),
@@ -541,6 +571,12 @@ impl World {
         if let Some(Planted::Master(f)) = self.cfg.planted {
             self.master.plant(f);
         }
+        if self.cfg.planted == Some(Planted::SavepointCommits) {
+            if let Some(c) = self.master.coordinator_mut() {
+                c.plant_savepoints_commit();
+            }
+        }
+        self.stopped_at = None;
         self.master.start();
         self.perform();
     }
@@ -561,7 +597,11 @@ impl World {
         while let Some(action) = self.master.next_action() {
             self.note(|| format!("master: {action:?}"));
             match action {
-                MasterAction::Deploy { regions, from } => self.deploy(&regions, from),
+                MasterAction::Deploy {
+                    regions,
+                    from,
+                    sources_stopped,
+                } => self.deploy(&regions, from, sources_stopped),
                 MasterAction::Cancel { regions } => {
                     for r in regions {
                         for t in self.regions[r].clone() {
@@ -585,7 +625,23 @@ impl World {
         {
             self.violate("a checkpoint failed in a run that tolerates none".into());
         }
+        for (request, outcome) in self.master.drain_savepoint_outcomes() {
+            let Some((dir, stop)) = self.savepoint_requests.get(&request).cloned() else {
+                return self.violate(format!("an outcome for unknown savepoint request {request}"));
+            };
+            if let SavepointOutcome::Completed { id, .. } = outcome {
+                self.count(if stop { "stop savepoints" } else { "savepoints" });
+                let path = format!("{dir}/_metadata");
+                if !self.savepoint_target.exists(&path).unwrap_or(false) {
+                    return self.violate(format!("savepoint {id} completed without {path}"));
+                }
+                if stop {
+                    self.stopped_at = Some((id, dir));
+                }
+            }
+        }
         match self.master.outcome() {
+            Some(JobOutcome::Finished) if self.stopped_at.is_some() => self.resume_from_savepoint(),
             Some(JobOutcome::Finished) => self.finished = true,
             Some(JobOutcome::Failed { .. }) => self.new_process("jobs failed for good"),
             Some(JobOutcome::Canceled) => self.violate("the job was cancelled".into()),
@@ -593,10 +649,47 @@ impl World {
         }
     }
 
+    /// The job stopped with a savepoint: a new run resumes from it, as `--from` its path.
+    fn resume_from_savepoint(&mut self) {
+        let Some((id, dir)) = self.stopped_at.take() else {
+            return;
+        };
+        self.count("runs resumed from a stop savepoint");
+        self.process_restarts += self.master.restart_count();
+        let snaps: Option<Vec<Snap>> = (0..TASKS)
+            .map(|t| self.files.get(&(id, t)).cloned())
+            .collect();
+        let Some(snaps) = snaps else {
+            return self.violate(format!("savepoint {id} in {dir} misses a task's state"));
+        };
+        for t in &mut self.tasks {
+            t.gone = true;
+        }
+        self.start_process_from(Some(snaps));
+    }
+
+    /// The user asks for a savepoint.
+    fn request_savepoint(&mut self, stop: bool) {
+        let n = self.savepoint_requests.len();
+        let request_id = format!("request-{n}");
+        let dir = format!("savepoint-{n}");
+        self.savepoint_requests
+            .insert(request_id.clone(), (dir.clone(), stop));
+        self.master.request_savepoint(SavepointRequest {
+            request_id,
+            target: Arc::new(self.savepoint_target.clone()),
+            dir,
+            stop,
+        });
+        let at = self.now().at;
+        self.master.poll(at);
+        self.perform();
+    }
+
     /// Deploys regions, each as its attempt, from checkpoint `from` or from what the process
     /// started with; sinks commit the restored checkpoint's pre-committed transactions and
     /// drop the rest.
-    fn deploy(&mut self, regions: &[(usize, u32)], from: Option<u64>) {
+    fn deploy(&mut self, regions: &[(usize, u32)], from: Option<u64>, sources_stopped: bool) {
         let restored = match from {
             Some(id) => {
                 if !self
@@ -635,6 +728,9 @@ impl World {
                 t.gone = true;
             }
         }
+        if sources_stopped {
+            self.count("restarts at a completed stop");
+        }
         let mut infos = Vec::new();
         for &(r, attempt) in regions {
             if from.is_some() || self.count_restart(attempt) {
@@ -649,6 +745,11 @@ impl World {
             for t in self.regions[r].clone() {
                 let snap = restored.as_ref().map(|r| r[t].clone());
                 self.tasks[t] = self.new_task(t, attempt, snap);
+                if let (Body::Source { stopped, .. }, true) =
+                    (&mut self.tasks[t].body, sources_stopped)
+                {
+                    *stopped = Some(0);
+                }
                 for ch in &mut self.channels {
                     if ch.from == t || ch.to == t {
                         ch.queue.clear();
@@ -682,6 +783,7 @@ impl World {
                 keys: self.input[t].clone(),
                 pos,
                 exhausted: false,
+                stopped: None,
             }
         } else if is_counter(t) {
             Body::Counter {
@@ -1164,7 +1266,9 @@ impl World {
                 out.push(Choice::Flush(t));
             }
             if let Body::Source {
-                exhausted: false, ..
+                exhausted: false,
+                stopped: None,
+                ..
             } = task.body
             {
                 out.push(Choice::Poll(t));
@@ -1215,6 +1319,15 @@ impl World {
         })
     }
 
+    /// A user's savepoint request, now and then.
+    fn savepoint_choice(&mut self) -> Option<Choice> {
+        if self.savepoints_left == 0 || self.rng.u32(0..120) != 0 {
+            return None;
+        }
+        self.savepoints_left -= 1;
+        Some(Choice::Savepoint(self.rng.u32(0..3) == 0))
+    }
+
     pub(crate) fn run(mut self) -> Outcome {
         let mut choices = Vec::new();
         let mut steps = 0;
@@ -1224,7 +1337,7 @@ impl World {
                 break;
             }
             steps += 1;
-            let c = match self.fault() {
+            let c = match self.fault().or_else(|| self.savepoint_choice()) {
                 Some(c) => c,
                 None => {
                     self.choices(&mut choices);
@@ -1323,6 +1436,7 @@ impl World {
             }
             Choice::LoseWorker(hosted) => self.lose_worker(hosted),
             Choice::Crash => self.new_process("crashes"),
+            Choice::Savepoint(stop) => self.request_savepoint(stop),
         }
         for t in 0..TASKS {
             if self.tasks[t].gate.deadline().is_some_and(|d| d <= now.at) && self.runnable(t) {
@@ -1371,6 +1485,7 @@ impl World {
             keys,
             pos,
             exhausted,
+            ..
         } = &mut self.tasks[s].body
         else {
             return;
@@ -1403,6 +1518,11 @@ impl World {
             Control::Trigger(b, kind) => {
                 let actions = self.tasks[t].gate.on_trigger(b, kind);
                 self.act_all(t, actions);
+                if let (Body::Source { stopped, .. }, BarrierKind::Stop) =
+                    (&mut self.tasks[t].body, kind)
+                {
+                    *stopped = Some(b.id);
+                }
             }
             Control::Complete(id) => {
                 let a = self.tasks[t].gate.on_complete(id);
@@ -1411,6 +1531,11 @@ impl World {
             Control::Aborted(id) => {
                 let actions = self.tasks[t].gate.on_abort(id);
                 self.act_all(t, actions);
+                if let Body::Source { stopped, .. } = &mut self.tasks[t].body {
+                    if *stopped == Some(id) {
+                        *stopped = None;
+                    }
+                }
             }
             Control::EndOfInput => {
                 if is_source(t) {

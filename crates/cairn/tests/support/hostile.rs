@@ -88,12 +88,19 @@ pub mod seeds {
                 assignment: vec![0, 1, 0, 1],
                 deploy_mask: vec![true, true, false, true],
                 workers: vec![(0, "127.0.0.1:1".into()), (1, "127.0.0.1:2".into())],
+                sources_stopped: false,
             })),
             ToWorker::Mail {
                 job_id: "job-1".into(),
                 attempt: 1,
                 task: 2,
                 mail: ControlMail::Trigger(barrier(3), BarrierKind::Unaligned),
+            },
+            ToWorker::Mail {
+                job_id: "job-1".into(),
+                attempt: 1,
+                task: 0,
+                mail: ControlMail::Trigger(barrier(4), BarrierKind::Stop),
             },
             ToWorker::Mail {
                 job_id: "job-1".into(),

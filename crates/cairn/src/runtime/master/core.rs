@@ -32,6 +32,9 @@ pub(crate) enum MasterAction {
     Deploy {
         regions: Vec<(usize, u32)>,
         from: Option<u64>,
+        /// The sources start stopped: `from` is a completed stop-with-savepoint, after which
+        /// nothing may be read (end of input follows at once).
+        sources_stopped: bool,
     },
     /// Cancel the running subtasks of these regions.
     Cancel { regions: Vec<usize> },
@@ -109,6 +112,8 @@ pub(crate) struct MasterCore {
     restart: Option<ScheduledRestart>,
     /// The regions of the outstanding [`MasterAction::Deploy`].
     deploying: Option<Vec<(usize, u32)>>,
+    /// Whether it starts the sources stopped.
+    deploying_stopped: bool,
     /// Attempts cancelled by the last whole-job failure (their reports may tell its cause).
     cancelled: Vec<u32>,
     state: JobState,
@@ -117,6 +122,10 @@ pub(crate) struct MasterCore {
     actions: VecDeque<MasterAction>,
     /// Savepoint requests refused at once.
     savepoint_refused: Vec<(String, SavepointOutcome)>,
+    /// The stop-with-savepoint in flight.
+    stopping: Option<u64>,
+    /// The completed stop-with-savepoint: the job ends at it, also after a failure.
+    stopped_at: Option<u64>,
     #[cfg(test)]
     flaw: Option<MasterFlaw>,
 }
@@ -155,12 +164,15 @@ impl MasterCore {
             end_sent: false,
             restart: None,
             deploying: None,
+            deploying_stopped: false,
             cancelled: Vec::new(),
             state: JobState::Created,
             failure_cause: None,
             outcome: None,
             actions: VecDeque::new(),
             savepoint_refused: Vec::new(),
+            stopping: None,
+            stopped_at: None,
             #[cfg(test)]
             flaw: None,
         }
@@ -172,10 +184,16 @@ impl MasterCore {
         self.flaw = Some(flaw);
     }
 
+    /// The coordinator, to plant a bug in it (simulator tests only).
+    #[cfg(test)]
+    pub(crate) fn coordinator_mut(&mut self) -> Option<&mut CheckpointCoordinator> {
+        self.coordinator.as_mut()
+    }
+
     /// Asks for the first deployment of every region.
     pub(crate) fn start(&mut self) {
         let all: BTreeSet<usize> = (0..self.regions.len()).collect();
-        self.request_deploy(&all, None);
+        self.request_deploy(&all, None, false);
     }
 
     /// The next action to perform.
@@ -250,6 +268,9 @@ impl MasterCore {
         }
         self.update_coordinator_tasks(now);
         self.state = JobState::Running;
+        if std::mem::take(&mut self.deploying_stopped) {
+            self.end_of_input();
+        }
     }
 
     /// A failure of the whole job (the outstanding deployment failed, the event queue closed).
@@ -354,6 +375,9 @@ impl MasterCore {
                 self.deliver();
                 match result {
                     Ok(done) => {
+                        if self.stopping.is_some_and(|s| done.contains(&s)) {
+                            self.stopped_at = self.stopping;
+                        }
                         let final_done = self
                             .final_checkpoint
                             .is_some_and(|f| done.iter().any(|&d| d >= f));
@@ -479,6 +503,9 @@ impl MasterCore {
                 // A stop-with-savepoint is the job's last checkpoint: its completion ends
                 // the input.
                 self.final_checkpoint = c.stop_in_flight();
+                if self.final_checkpoint.is_some() {
+                    self.stopping = self.final_checkpoint;
+                }
             }
         }
         self.deliver();
@@ -595,10 +622,17 @@ impl MasterCore {
                 restart.regions
             ),
         }
-        self.request_deploy(&restart.regions, from);
+        // Restored at a completed stop-with-savepoint: the job ends there, reading nothing.
+        let stopped = from.is_some() && from == self.stopped_at;
+        self.request_deploy(&restart.regions, from, stopped);
     }
 
-    fn request_deploy(&mut self, regions: &BTreeSet<usize>, from: Option<u64>) {
+    fn request_deploy(
+        &mut self,
+        regions: &BTreeSet<usize>,
+        from: Option<u64>,
+        sources_stopped: bool,
+    ) {
         let regions: Vec<(usize, u32)> = regions
             .iter()
             .map(|&r| {
@@ -608,8 +642,12 @@ impl MasterCore {
             })
             .collect();
         self.deploying = Some(regions.clone());
-        self.actions
-            .push_back(MasterAction::Deploy { regions, from });
+        self.deploying_stopped = sources_stopped;
+        self.actions.push_back(MasterAction::Deploy {
+            regions,
+            from,
+            sources_stopped,
+        });
     }
 
     fn running_attempts(&self) -> Vec<u32> {
@@ -704,7 +742,7 @@ mod tests {
             restarts,
         );
         m.start();
-        let Some(MasterAction::Deploy { regions, from }) = m.next_action() else {
+        let Some(MasterAction::Deploy { regions, from, .. }) = m.next_action() else {
             panic!("the master deploys first");
         };
         assert_eq!((regions, from), (vec![(0, 0), (1, 1)], None));
@@ -755,7 +793,8 @@ mod tests {
             actions(&mut m),
             vec![MasterAction::Deploy {
                 regions: vec![(1, 2)],
-                from: None
+                from: None,
+                sources_stopped: false,
             }]
         );
         assert_eq!(m.restart_count(), 1);
@@ -779,7 +818,8 @@ mod tests {
         assert!(
             deployed.contains(&MasterAction::Deploy {
                 regions: vec![(0, 2), (1, 3)],
-                from: None
+                from: None,
+                sources_stopped: false,
             }),
             "{deployed:?}"
         );

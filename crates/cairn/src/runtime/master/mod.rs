@@ -132,7 +132,7 @@ impl<'a> JobMaster<'a> {
             ));
         };
         let now = Instant::now();
-        match master.deploy(&regions) {
+        match master.deploy(&regions, false) {
             Ok(infos) if infos.len() == total => master.core.deployed(infos, now),
             Ok(_) => {
                 master.cancel(&(0..master.regions.len()).collect::<Vec<_>>());
@@ -183,7 +183,11 @@ impl<'a> JobMaster<'a> {
     fn perform(&mut self, now: Instant) {
         while let Some(action) = self.core.next_action() {
             match action {
-                MasterAction::Deploy { regions, from } => match self.redeploy(&regions, from) {
+                MasterAction::Deploy {
+                    regions,
+                    from,
+                    sources_stopped,
+                } => match self.redeploy(&regions, from, sources_stopped) {
                     Ok(infos) => self.core.deployed(infos, now),
                     Err(cause) => self.core.on_job_failure(cause, now),
                 },
@@ -249,6 +253,7 @@ impl<'a> JobMaster<'a> {
         &mut self,
         regions: &[(usize, u32)],
         from: Option<u64>,
+        sources_stopped: bool,
     ) -> Result<Vec<TaskInfo>, String> {
         if let Some(id) = from {
             let storage = self.deployer.storage;
@@ -278,19 +283,29 @@ impl<'a> JobMaster<'a> {
             in_scope,
         )
         .map_err(|e| e.to_string())?;
-        self.deploy(regions)
+        self.deploy(regions, sources_stopped)
             .map_err(|e| format!("the job could not be redeployed: {e}"))
     }
 
     /// Deploys `regions`, each as its attempt; returns their subtasks.
-    fn deploy(&mut self, regions: &[(usize, u32)]) -> Result<Vec<TaskInfo>, TaskError> {
+    fn deploy(
+        &mut self,
+        regions: &[(usize, u32)],
+        sources_stopped: bool,
+    ) -> Result<Vec<TaskInfo>, TaskError> {
         let total = self.tasks.len();
         let mut infos = Vec::new();
         for &(r, attempt) in regions {
             let mask = region_mask(&self.regions[r], total);
             let d = self
                 .deployer
-                .deploy(self.executor, self.restored.as_ref(), &mask, attempt)?;
+                .deploy(
+                    self.executor,
+                    self.restored.as_ref(),
+                    &mask,
+                    attempt,
+                    sources_stopped,
+                )?;
             for t in d.infos() {
                 infos.push(t.info.clone());
                 let index = t.info.index;
