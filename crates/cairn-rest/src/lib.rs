@@ -22,9 +22,11 @@
 
 mod body;
 mod registry;
+mod resources;
 mod server;
 mod submit;
 
 pub use registry::JobRegistry;
+pub use resources::{ClusterResources, Resources};
 pub use server::{serve, RestError, RestServer, SUBMIT_BODY_MAX};
 pub use submit::JobSubmitter;

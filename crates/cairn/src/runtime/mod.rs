@@ -21,4 +21,4 @@ pub use job::{
     run_job, run_job_with, InjectSpec, InjectTarget, JobError, JobSummary, Progress, RestoreFrom,
     RunOptions,
 };
-pub use status::{JobState, JobStatus, JobStatusView};
+pub use status::{JobState, JobStatus, JobStatusView, VertexView};
