@@ -273,7 +273,11 @@ fn flink_cli_lists_and_cancels_a_job_of_a_coordinator() {
         coordinator.assert_running();
         worker.assert_running();
     });
-    assert_eq!(submitted.trim(), jid, "the submitted job is the running one");
+    assert_eq!(
+        submitted.trim(),
+        jid,
+        "the submitted job is the running one"
+    );
 
     // Every answer Flink's REST client has a class for, read by that class.
     let read = flink.read_schema(rest, &jid);
