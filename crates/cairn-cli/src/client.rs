@@ -168,6 +168,8 @@ pub struct Client {
     endpoint: Endpoint,
     token: Option<String>,
     timeout: Duration,
+    /// Made for `timeout`; its connections are reused between requests.
+    agent: ureq::Agent,
 }
 
 impl Client {
@@ -186,6 +188,7 @@ impl Client {
             endpoint,
             token: token.map(|t| t.trim().to_string()),
             timeout: TIMEOUT,
+            agent: agent(TIMEOUT),
         })
     }
 
@@ -193,6 +196,7 @@ impl Client {
     /// [`TIMEOUT`]).
     pub fn with_timeout(mut self, timeout: Duration) -> Client {
         self.timeout = timeout;
+        self.agent = agent(timeout);
         self
     }
 
@@ -209,17 +213,6 @@ impl Client {
     /// One request; the JSON answer of a 2xx (null if empty), or the error as one line.
     pub fn request(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value> {
         let url = self.url();
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            // Every status is an answer to read: Flink's errors come with 4xx and 5xx.
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .proxy(None)
-            .timeout_connect(Some(TIMEOUT))
-            .timeout_global(Some(self.timeout))
-            .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
-            .accept("application/json")
-            .build()
-            .into();
         let mut request = ureq::http::Request::builder()
             .method(method.as_str())
             .uri(format!("{url}{path}"));
@@ -228,13 +221,13 @@ impl Client {
         }
         let bad_request = |e: ureq::http::Error| anyhow!("cannot request {url}{path}: {e}");
         let sent = match body {
-            Some(body) => agent.run(
+            Some(body) => self.agent.run(
                 request
                     .header("Content-Type", "application/json")
                     .body(body.to_string())
                     .map_err(bad_request)?,
             ),
-            None => agent.run(request.body(()).map_err(bad_request)?),
+            None => self.agent.run(request.body(()).map_err(bad_request)?),
         };
         let mut response = sent.map_err(|e| self.failure(e))?;
         let status = response.status();
@@ -289,6 +282,21 @@ impl Client {
             other => anyhow!("request to coordinator at {url} failed: {other}"),
         }
     }
+}
+
+/// An HTTP client that connects within [`TIMEOUT`] and gives up on an answer after `timeout`.
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        // Every status is an answer to read: Flink's errors come with 4xx and 5xx.
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .proxy(None)
+        .timeout_connect(Some(TIMEOUT))
+        .timeout_global(Some(timeout))
+        .user_agent(concat!("cairn/", env!("CARGO_PKG_VERSION")))
+        .accept("application/json")
+        .build()
+        .into()
 }
 
 /// Whether an I/O error of this kind means a connection was made and then broke.

@@ -21,6 +21,7 @@ use common::Watched;
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(60);
+const TOKEN: &str = "t0ken-for-flinks-client";
 
 /// How to get Flink's client, for the failure message.
 const INSTALL: &str = "run the tests with scripts/test (it installs apache-flink-libraries==2.3.0 and sets CAIRN_FLINK_LIB), or `pip install --target DIR apache-flink-libraries==2.3.0` and set CAIRN_FLINK_LIB=DIR/pyflink/lib";
@@ -49,10 +50,12 @@ fn flink_lib() -> PathBuf {
 struct Flink {
     lib: PathBuf,
     conf: tempfile::TempDir,
+    /// A bearer token Flink's client sends (through `FLINK_REST_CLIENT_HEADERS`).
+    token: Option<&'static str>,
 }
 
 impl Flink {
-    fn new() -> Flink {
+    fn new(token: Option<&'static str>) -> Flink {
         let lib = flink_lib();
         let conf = tempfile::tempdir().expect("temp dir");
         // No retries: a refused request fails at once instead of after a minute of retrying.
@@ -61,20 +64,25 @@ impl Flink {
             "rest:\n  retry:\n    max-attempts: 0\nclient:\n  timeout: 30 s\n",
         )
         .expect("write config.yaml");
-        Flink { lib, conf }
+        Flink { lib, conf, token }
     }
 
     fn java(&self, args: &[&str]) -> Output {
         let classpath = format!("{}/*", self.lib.display());
-        let out = Command::new("java")
-            .arg("-cp")
+        let mut java = Command::new("java");
+        java.arg("-cp")
             .arg(classpath)
             .args(args)
             .env("FLINK_CONF_DIR", self.conf.path())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot start java (Java 17 is needed): {e}"));
-        out
+            .stdin(Stdio::null());
+        if let Some(t) = self.token {
+            java.env(
+                "FLINK_REST_CLIENT_HEADERS",
+                format!("Authorization:Bearer {t}"),
+            );
+        }
+        java.output()
+            .unwrap_or_else(|e| panic!("cannot start java (Java 17 is needed): {e}"))
     }
 
     /// `flink ACTION -m ADDR ARGS..` through Flink's CliFrontend; asserts success, returns stdout.
@@ -114,13 +122,15 @@ impl Flink {
     }
 }
 
-/// `GET path` over HTTP/1.1: (status, JSON body), or None if the server cannot be reached.
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, Value)> {
+/// `GET path` over HTTP/1.1, with the bearer token if given: (status, JSON body), or None if
+/// the server cannot be reached.
+fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> Option<(u16, Value)> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut raw = String::new();
@@ -131,12 +141,17 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, Value)> {
 }
 
 /// Polls `GET /v1/jobs/overview` until a job is in `state`; returns its id.
-fn wait_for_job(addr: SocketAddr, state: &str, mut alive: impl FnMut()) -> String {
+fn wait_for_job(
+    addr: SocketAddr,
+    token: Option<&str>,
+    state: &str,
+    mut alive: impl FnMut(),
+) -> String {
     let deadline = Instant::now() + DEADLINE;
     let mut pause = Duration::from_millis(5);
     loop {
         alive();
-        let answer = get(addr, "/v1/jobs/overview");
+        let answer = get(addr, "/v1/jobs/overview", token);
         if let Some((200, body)) = &answer {
             let found = body["jobs"].as_array().and_then(|jobs| {
                 jobs.iter()
@@ -162,7 +177,7 @@ fn wait_for_state(addr: SocketAddr, jid: &str, state: &str) {
     let deadline = Instant::now() + DEADLINE;
     let mut pause = Duration::from_millis(5);
     loop {
-        let answer = get(addr, &format!("/v1/jobs/{jid}"));
+        let answer = get(addr, &format!("/v1/jobs/{jid}"), None);
         if matches!(&answer, Some((200, b)) if b["state"] == state) {
             return;
         }
@@ -213,16 +228,16 @@ const LONG_WORDCOUNT: [&str; 8] = [
 ];
 
 #[test]
-fn flink_cli_lists_and_cancels_a_job_of_cairn_run_rest() {
-    let flink = Flink::new();
-    let mut run = Watched::spawn(
-        common::cairn()
-            .arg("run")
-            .args(LONG_WORDCOUNT)
-            .args(["--rest", "127.0.0.1:0"]),
-    );
+fn flink_cli_lists_and_cancels_a_job_of_cairn_run_rest_with_a_token() {
+    let flink = Flink::new(Some(TOKEN));
+    let mut run = Watched::spawn(common::cairn().arg("run").args(LONG_WORDCOUNT).args([
+        "--rest",
+        "127.0.0.1:0",
+        "--rest-token",
+        TOKEN,
+    ]));
     let addr = run.rest_addr(Instant::now() + DEADLINE);
-    let jid = wait_for_job(addr, "RUNNING", || run.assert_running());
+    let jid = wait_for_job(addr, Some(TOKEN), "RUNNING", || run.assert_running());
     assert_eq!(jid.len(), 32, "Flink's job ids are 32 hex digits: {jid:?}");
 
     assert_listed_running(&flink.cli("list", addr, &[]), &jid);
@@ -236,7 +251,7 @@ fn flink_cli_lists_and_cancels_a_job_of_cairn_run_rest() {
 
 #[test]
 fn flink_cli_lists_and_cancels_a_job_of_a_coordinator() {
-    let flink = Flink::new();
+    let flink = Flink::new(None);
     let dir = tempfile::tempdir().expect("temp dir");
     let mut coordinator = Watched::spawn(common::cairn().args([
         "coordinator",
@@ -269,7 +284,7 @@ fn flink_cli_lists_and_cancels_a_job_of_a_coordinator() {
             .args(["-p", "2"]),
     );
     let submitted = String::from_utf8_lossy(&submitted.stdout).into_owned();
-    let jid = wait_for_job(rest, "RUNNING", || {
+    let jid = wait_for_job(rest, None, "RUNNING", || {
         coordinator.assert_running();
         worker.assert_running();
     });
