@@ -18,10 +18,10 @@ use crate::resources::Resources;
 
 /// The Flink release whose REST API (field names and types) these bodies follow; reported as
 /// `flink-version`, which Flink's tools read to pick what they may ask for.
-pub(crate) const FLINK_VERSION: &str = "2.3.0";
+const FLINK_VERSION: &str = "2.3.0";
 
 /// What `flink-revision` / `flink-commit` report: this build of cairn.
-pub(crate) const REVISION: &str = concat!("cairn ", env!("CARGO_PKG_VERSION"));
+const REVISION: &str = concat!("cairn ", env!("CARGO_PKG_VERSION"));
 
 /// Flink's execution (subtask) states, as its REST API spells them.
 const EXECUTION_STATES: [&str; 10] = [
@@ -99,7 +99,7 @@ fn total_subtasks(view: &JobStatusView) -> u64 {
 
 /// A stable 32-hex-digit id (the shape of Flink's vertex and group ids) for `name`: cairn's
 /// task vertices have names, not ids, and every process plans the same names.
-pub(crate) fn derived_id(name: &str) -> String {
+fn derived_id(name: &str) -> String {
     // FNV-1a, 64 bits, twice with different offsets: stable across builds and platforms.
     let fnv = |offset: u64| {
         name.bytes().fold(offset, |h, b| {
@@ -543,6 +543,31 @@ fn render(text: &str, kind: Kind) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_ids_are_stable_32_hex_digits() {
+        let id = derived_id("Source: words -> Map");
+        assert_eq!(id.len(), 32);
+        assert!(id
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        // Fixed offsets, no per-process seed: every process and build derives the same id.
+        assert_eq!(derived_id(""), "cbf29ce4842223256c62272e07bb0142");
+        assert_eq!(id, derived_id("Source: words -> Map"));
+        assert_ne!(derived_id("a"), derived_id("b"));
+        assert_ne!(vertex_id("a", 0), vertex_id("a", 1));
+    }
+
+    #[test]
+    fn stats_summarize_with_nearest_rank_percentiles() {
+        let s = stats(1..=10);
+        assert_eq!(
+            s,
+            json!({"min": 1, "max": 10, "avg": 5, "p50": 5.0, "p90": 9.0, "p95": 10.0, "p99": 10.0, "p999": 10.0})
+        );
+        assert_eq!(stats(std::iter::once(7))["p50"], 7.0);
+        assert_eq!(stats(std::iter::empty())["max"], 0);
+    }
 
     #[test]
     fn config_values_are_typed() {
