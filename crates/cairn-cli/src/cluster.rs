@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use cairn::cluster::coordinator::{Coordinator, CoordinatorOptions};
 use cairn::cluster::worker::{run_worker, WorkerOptions};
 use cairn::config::parse_duration;
-use cairn_rest::{JobRegistry, JobSubmitter};
+use cairn_rest::{ClusterResources, JobRegistry, JobSubmitter, Resources};
 use clap::Args;
 
 use crate::run::BuiltinJobs;
@@ -87,6 +87,18 @@ impl JobSubmitter for Submitter {
     }
 }
 
+/// The coordinator's live workers and their slots, for `GET /overview`.
+struct Workers(Coordinator);
+
+impl ClusterResources for Workers {
+    fn resources(&self) -> Resources {
+        Resources {
+            workers: u32::try_from(self.0.workers()).unwrap_or(u32::MAX),
+            slots: self.0.slots(),
+        }
+    }
+}
+
 pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let heartbeat_timeout = duration("--heartbeat-timeout", &args.heartbeat_timeout)?;
     let slot_wait = duration("--slot-wait", &args.slot_wait)?;
@@ -117,6 +129,7 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
         coordinator: coordinator.clone(),
         registry: registry.clone(),
     }));
+    registry.set_resources(Arc::new(Workers(coordinator.clone())));
     let server = cairn_rest::serve(rest_addr, registry.clone(), args.rest_token.clone())?;
     eprintln!(
         "coordinator listening for workers on {}, REST API on http://{}",

@@ -190,7 +190,10 @@ pub fn checkpoints(id: &str, rest: &RestArgs) -> Result<()> {
     );
     // The API answers newest first; list oldest first, as for a directory.
     for c in history.iter().rev() {
-        let tasks = c["tasks"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let tasks = c["subtasks"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         let max_ms = |field: &str| {
             tasks
                 .iter()

@@ -443,16 +443,47 @@ const EVERY_COMMAND: &[&[&str]] = &[
 #[test]
 fn every_client_command_says_when_the_coordinator_cannot_be_reached() {
     let (_reserved, addr) = refusing_addr();
-    for url in [format!("http://{addr}"), addr.to_string()] {
+    for (url, shown) in [
+        (format!("http://{addr}"), format!("http://{addr}")),
+        (addr.to_string(), format!("http://{addr}")),
+        (format!("https://{addr}"), format!("https://{addr}")),
+    ] {
         for cmd in EVERY_COMMAND {
             let out = client(cmd, &url, None);
             assert_eq!(
                 out.error_line(),
-                format!("error: cannot reach coordinator at http://{addr}: Connection refused"),
+                format!("error: cannot reach coordinator at {shown}: Connection refused"),
                 "{cmd:?}"
             );
         }
     }
+    // A name that does not resolve (RFC 6761: `.invalid` never does).
+    let out = client(&["list"], "http://cairn-test.invalid:8081", None);
+    assert!(
+        out.error_line()
+            .starts_with("error: cannot reach coordinator at http://cairn-test.invalid:8081: "),
+        "{out:#?}"
+    );
+}
+
+#[test]
+fn https_to_a_server_that_speaks_plain_http_is_a_tls_error() {
+    let srv = cairn_rest::serve(
+        "127.0.0.1:0".parse().expect("address"),
+        JobRegistry::new(),
+        None,
+    )
+    .expect("server starts");
+    let url = format!("https://{}", srv.local_addr());
+    let line = client(&["list"], &url, None).error_line().to_string();
+    assert!(
+        line.starts_with(&format!("error: TLS with coordinator at {url} failed")),
+        "{line}"
+    );
+    // The same server over http answers.
+    let out = client(&["list"], &format!("http://{}", srv.local_addr()), None);
+    out.ok();
+    assert!(out.stderr.starts_with("no jobs at http://"), "{out:#?}");
 }
 
 #[test]
@@ -501,16 +532,16 @@ fn something_that_is_not_the_rest_api() {
 #[test]
 fn bad_rest_arguments_are_one_line_errors() {
     for cmd in EVERY_COMMAND {
-        let out = client(cmd, "https://127.0.0.1:8081", None);
+        let out = client(cmd, "ftp://127.0.0.1:8081", None);
         assert!(
             out.error_line()
-                .starts_with("error: --rest https://127.0.0.1:8081: https is not supported"),
+                .contains("got 'ftp://127.0.0.1:8081': unsupported scheme 'ftp'"),
             "{cmd:?}: {out:#?}"
         );
         let out = client(cmd, "localhost", None);
         assert!(
             out.error_line().starts_with(
-                "error: --rest expects http://HOST:PORT, HOST:PORT or PORT (e.g. http://127.0.0.1:8081), got 'localhost'"
+                "error: --rest expects http://HOST:PORT, https://HOST:PORT, HOST:PORT or PORT (e.g. http://127.0.0.1:8081), got 'localhost'"
             ),
             "{cmd:?}: {out:#?}"
         );

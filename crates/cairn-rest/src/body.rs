@@ -1,48 +1,315 @@
 //! The JSON bodies, built from a [`JobStatusView`] in Flink's shapes.
+//!
+//! Flink's own client parses these with every constructor property required (a missing field
+//! fails the whole answer) and unknown fields ignored, so every body carries all of Flink's
+//! fields, with cairn's own ones added beside them. Where cairn does not track what Flink
+//! reports (per-vertex I/O metrics, the state of each subtask), the field is there with a
+//! neutral value that says so (zeros, `false` for "complete"); see each function.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use cairn::checkpoint::CheckpointMetadata;
+use cairn::checkpoint::{CheckpointMetadata, TaskCheckpointStats};
 use cairn::config::{keys, parse_bool, parse_duration, CheckpointingMode};
-use cairn::runtime::JobStatusView;
+use cairn::runtime::{JobState, JobStatusView};
 use serde_json::{json, Map, Value};
 
-/// `GET /jobs`: one entry.
-pub(crate) fn job_overview(view: &JobStatusView) -> Result<Value, serde_json::Error> {
-    Ok(json!({ "id": view.jid, "status": serde_json::to_value(view.state)? }))
+use crate::resources::Resources;
+
+/// The Flink release whose REST API (field names and types) these bodies follow; reported as
+/// `flink-version`, which Flink's tools read to pick what they may ask for.
+const FLINK_VERSION: &str = "2.3.0";
+
+/// What `flink-revision` / `flink-commit` report: this build of cairn.
+const REVISION: &str = concat!("cairn ", env!("CARGO_PKG_VERSION"));
+
+/// Flink's execution (subtask) states, as its REST API spells them.
+const EXECUTION_STATES: [&str; 10] = [
+    "CREATED",
+    "SCHEDULED",
+    "DEPLOYING",
+    "RUNNING",
+    "FINISHED",
+    "CANCELING",
+    "CANCELED",
+    "FAILED",
+    "RECONCILING",
+    "INITIALIZING",
+];
+
+/// Flink's job states, the keys of `timestamps`.
+const JOB_STATES: [&str; 11] = [
+    "INITIALIZING",
+    "CREATED",
+    "RUNNING",
+    "FAILING",
+    "FAILED",
+    "CANCELLING",
+    "CANCELED",
+    "FINISHED",
+    "RESTARTING",
+    "SUSPENDED",
+    "RECONCILING",
+];
+
+fn state_name(state: JobState) -> Result<String, serde_json::Error> {
+    match serde_json::to_value(state)? {
+        Value::String(s) => Ok(s),
+        other => Ok(other.to_string()),
+    }
 }
 
-/// `GET /jobs/{jid}`. `now_ms` measures the duration of a job that has not ended.
-pub(crate) fn job_details(view: &JobStatusView, now_ms: u64) -> Result<Value, serde_json::Error> {
-    let end = view.end_time.unwrap_or(now_ms);
+/// The state cairn's subtasks are in while the job is in `state`: cairn tracks the job, not
+/// each subtask, so all of them are counted under this one.
+fn subtask_state(state: JobState) -> &'static str {
+    match state {
+        JobState::Created => "CREATED",
+        JobState::Running => "RUNNING",
+        // Cancelled and about to be deployed again.
+        JobState::Restarting => "SCHEDULED",
+        JobState::Finished => "FINISHED",
+        JobState::Failed => "FAILED",
+        JobState::Canceled => "CANCELED",
+    }
+}
+
+/// A count per execution state: `n` in `state`, 0 in every other; keys as `spell` makes them.
+fn per_state(state: &str, n: u64, spell: impl Fn(&str) -> String) -> Map<String, Value> {
+    EXECUTION_STATES
+        .iter()
+        .map(|s| (spell(s), Value::from(if *s == state { n } else { 0 })))
+        .collect()
+}
+
+/// `-1` until the job ended, as Flink says "not ended yet".
+fn end_time(view: &JobStatusView) -> i64 {
+    view.end_time
+        .map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX))
+}
+
+fn duration(view: &JobStatusView, now_ms: u64) -> u64 {
+    view.end_time
+        .unwrap_or(now_ms)
+        .saturating_sub(view.start_time)
+}
+
+fn total_subtasks(view: &JobStatusView) -> u64 {
+    view.vertices.iter().map(|v| u64::from(v.parallelism)).sum()
+}
+
+/// A stable 32-hex-digit id (the shape of Flink's vertex and group ids) for `name`: cairn's
+/// task vertices have names, not ids, and every process plans the same names.
+fn derived_id(name: &str) -> String {
+    // FNV-1a, 64 bits, twice with different offsets: stable across builds and platforms.
+    let fnv = |offset: u64| {
+        name.bytes().fold(offset, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    format!(
+        "{:016x}{:016x}",
+        fnv(0xcbf2_9ce4_8422_2325),
+        fnv(0x6c62_272e_07bb_0142)
+    )
+}
+
+/// The id of the `ordinal`-th vertex named `name` (0 for the first with that name).
+fn vertex_id(name: &str, ordinal: usize) -> String {
+    if ordinal == 0 {
+        derived_id(name)
+    } else {
+        derived_id(&format!("{name}#{ordinal}"))
+    }
+}
+
+/// `GET /jobs`: one entry (Flink's `JobIdWithStatus`).
+pub(crate) fn job_id_with_status(view: &JobStatusView) -> Result<Value, serde_json::Error> {
+    Ok(json!({ "id": view.jid, "status": state_name(view.state)? }))
+}
+
+/// `GET /jobs/overview`: one entry, Flink's `JobDetails`, plus cairn's `restarts` and
+/// `failure-cause`. `now_ms` measures the duration of a job that has not ended.
+pub(crate) fn job_overview(view: &JobStatusView, now_ms: u64) -> Result<Value, serde_json::Error> {
+    let state = subtask_state(view.state);
+    let mut tasks = per_state(state, total_subtasks(view), |s| s.to_ascii_lowercase());
+    tasks.insert("total".into(), total_subtasks(view).into());
     Ok(json!({
         "jid": view.jid,
         "name": view.name,
-        "state": serde_json::to_value(view.state)?,
+        "state": state_name(view.state)?,
         "start-time": view.start_time,
-        // Flink's "not ended yet".
-        "end-time": view.end_time.map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX)),
-        "duration": end.saturating_sub(view.start_time),
+        "end-time": end_time(view),
+        "duration": duration(view, now_ms),
+        // cairn does not keep the time of each state change.
+        "last-modification": view.end_time.unwrap_or(view.start_time),
+        "tasks": tasks,
+        "jobType": "STREAMING",
+        "schedulerType": "Default",
+        "pending-operators": 0,
         "restarts": view.restarts,
         "failure-cause": view.failure_cause,
     }))
 }
 
-/// `GET /jobs/{jid}/checkpoints`: counts, the latest completed checkpoint, and the history
-/// newest first.
+/// `GET /jobs/{jid}`: Flink's `JobDetailsInfo`, plus cairn's `restarts` and `failure-cause`.
+/// Vertices carry no I/O metrics (zeros, marked incomplete): cairn does not collect them.
+pub(crate) fn job_details(view: &JobStatusView, now_ms: u64) -> Result<Value, serde_json::Error> {
+    let state = state_name(view.state)?;
+    let vstate = subtask_state(view.state);
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    let group = derived_id(&format!("slot-sharing-group:{}", view.jid));
+    let vertices: Vec<Value> = view
+        .vertices
+        .iter()
+        .map(|v| {
+            let ordinal = seen.entry(v.name.as_str()).or_insert(0);
+            let id = vertex_id(&v.name, *ordinal);
+            *ordinal += 1;
+            json!({
+                "id": id,
+                "slotSharingGroupId": group,
+                "name": v.name,
+                "maxParallelism": view.max_parallelism,
+                "parallelism": v.parallelism,
+                "status": vstate,
+                "start-time": view.start_time,
+                "end-time": end_time(view),
+                "duration": duration(view, now_ms),
+                "tasks": per_state(vstate, u64::from(v.parallelism), str::to_string),
+                "metrics": no_metrics(),
+            })
+        })
+        .collect();
+    let nodes: Vec<Value> = vertices
+        .iter()
+        .map(|v| {
+            json!({
+                "id": v["id"],
+                "parallelism": v["parallelism"],
+                "operator": "",
+                "operator_strategy": "",
+                "description": v["name"],
+                "optimizer_properties": {},
+            })
+        })
+        .collect();
+    let mut timestamps = Map::new();
+    for s in JOB_STATES {
+        let at = match s {
+            "INITIALIZING" | "CREATED" => view.start_time,
+            "RUNNING" if view.state != JobState::Created => view.start_time,
+            _ if s == state && view.state.is_terminal() => view.end_time.unwrap_or(0),
+            _ => 0,
+        };
+        timestamps.insert(s.into(), at.into());
+    }
+    Ok(json!({
+        "jid": view.jid,
+        "name": view.name,
+        "isStoppable": false,
+        "state": state,
+        "job-type": "STREAMING",
+        "schedulerType": "Default",
+        "start-time": view.start_time,
+        "end-time": end_time(view),
+        "duration": duration(view, now_ms),
+        "maxParallelism": view.max_parallelism,
+        "now": now_ms,
+        "timestamps": timestamps,
+        "vertices": vertices,
+        "status-counts": per_state(vstate, view.vertices.len() as u64, str::to_string),
+        "plan": { "jid": view.jid, "name": view.name, "type": "STREAMING", "nodes": nodes },
+        "stream-graph": {},
+        "pending-operators": 0,
+        "restarts": view.restarts,
+        "failure-cause": view.failure_cause,
+    }))
+}
+
+/// Flink's per-vertex I/O metrics, none of which cairn collects.
+fn no_metrics() -> Value {
+    let mut m = Map::new();
+    for what in ["read-bytes", "write-bytes", "read-records", "write-records"] {
+        m.insert(what.into(), 0.into());
+        m.insert(format!("{what}-complete"), false.into());
+    }
+    for what in [
+        "accumulated-backpressured-time",
+        "accumulated-idle-time",
+        "accumulated-busy-time",
+    ] {
+        m.insert(what.into(), 0.into());
+    }
+    Value::Object(m)
+}
+
+/// `GET /jobs/{jid}/checkpoints`: Flink's `CheckpointingStatistics` (counts, a summary of the
+/// history, the latest completed checkpoint, the history newest first), plus cairn's
+/// `counts.triggered`. cairn keeps the completed checkpoints only (the last
+/// [`HISTORY_MAX`](cairn::runtime::status::HISTORY_MAX)), so there is no latest failed one.
 pub(crate) fn checkpoints(view: &JobStatusView) -> Result<Value, serde_json::Error> {
+    let dir = config_value(view, keys::CHECKPOINTS_DIR).filter(|d| *d != UNSET && !d.is_empty());
     let history = view
         .checkpoint_history
         .iter()
         .rev()
-        .map(checkpoint_entry)
+        .map(|m| checkpoint_entry(m, view, dir))
         .collect::<Result<Vec<_>, _>>()?;
     let latest = history.first().cloned().unwrap_or(Value::Null);
+    let counts = &view.checkpoint_counts;
+    let metas = &view.checkpoint_history;
+    let summary = json!({
+        "checkpointed_size": stats(metas.iter().map(|m| m.state_size)),
+        "state_size": stats(metas.iter().map(|m| m.state_size)),
+        "end_to_end_duration": stats(metas.iter().map(CheckpointMetadata::duration_ms)),
+        "alignment_buffered": stats(metas.iter().map(|_| 0)),
+        "processed_data": stats(metas.iter().map(|_| 0)),
+        "persisted_data": stats(metas.iter().map(persisted_data)),
+    });
     Ok(json!({
-        "counts": serde_json::to_value(&view.checkpoint_counts)?,
-        "latest": { "completed": latest },
+        "counts": {
+            "restored": 0,
+            "total": counts.triggered,
+            "triggered": counts.triggered,
+            "in_progress": counts.in_progress,
+            "completed": counts.completed,
+            "failed": counts.failed,
+        },
+        "summary": summary,
+        "latest": { "completed": latest, "savepoint": null, "failed": null, "restored": null },
         "history": history,
     }))
+}
+
+/// Flink's `StatsSummaryDto` of `values` (all zero without any).
+fn stats(values: impl Iterator<Item = u64>) -> Value {
+    let mut v: Vec<u64> = values.collect();
+    if v.is_empty() {
+        return json!({"min": 0, "max": 0, "avg": 0, "p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0, "p999": 0.0});
+    }
+    v.sort_unstable();
+    let n = v.len();
+    let sum: u128 = v.iter().map(|&x| u128::from(x)).sum();
+    // Nearest rank: the smallest value with at least q of all values at or below it.
+    let q = |q: f64| {
+        let rank = (q * n as f64).ceil() as usize;
+        v[rank.clamp(1, n) - 1] as f64
+    };
+    json!({
+        "min": v[0],
+        "max": v[n - 1],
+        "avg": u64::try_from(sum / n as u128).unwrap_or(u64::MAX),
+        "p50": q(0.5),
+        "p90": q(0.9),
+        "p95": q(0.95),
+        "p99": q(0.99),
+        "p999": q(0.999),
+    })
+}
+
+/// Bytes of in-flight data persisted with the checkpoint (unaligned checkpoints).
+fn persisted_data(meta: &CheckpointMetadata) -> u64 {
+    meta.tasks.iter().map(|t| t.channel_state_size).sum()
 }
 
 /// Fields of [`CheckpointMetadata`] that an entry shows under Flink's names, or leaves out
@@ -58,10 +325,16 @@ const CONSUMED_FIELDS: &[&str] = &[
     "operators",
 ];
 
-/// One completed checkpoint. Fields of [`CheckpointMetadata`] that have no Flink name are
-/// passed through as serde serializes them, and the per-task statistics are serialized whole,
-/// so fields added to either appear without a change here.
-pub(crate) fn checkpoint_entry(meta: &CheckpointMetadata) -> Result<Value, serde_json::Error> {
+/// One completed checkpoint: Flink's `CompletedCheckpointStatistics`, with `tasks` per task
+/// vertex (keyed by the vertex id `GET /jobs/{jid}` shows), plus cairn's per-subtask
+/// statistics as `subtasks`. Fields of [`CheckpointMetadata`] that have no Flink name are
+/// passed through as serde serializes them, and the per-subtask statistics are serialized
+/// whole, so fields added to either appear without a change here.
+pub(crate) fn checkpoint_entry(
+    meta: &CheckpointMetadata,
+    view: &JobStatusView,
+    checkpoint_dir: Option<&str>,
+) -> Result<Value, serde_json::Error> {
     let mut entry = match serde_json::to_value(meta)? {
         Value::Object(m) => m,
         _ => Map::new(),
@@ -69,17 +342,131 @@ pub(crate) fn checkpoint_entry(meta: &CheckpointMetadata) -> Result<Value, serde
     for field in CONSUMED_FIELDS {
         entry.remove(*field);
     }
-    entry.insert("id".into(), meta.checkpoint_id.into());
-    entry.insert("status".into(), "COMPLETED".into());
-    entry.insert("trigger_timestamp".into(), meta.trigger_timestamp_ms.into());
-    entry.insert(
-        "latest_ack_timestamp".into(),
-        meta.completed_timestamp_ms.into(),
-    );
-    entry.insert("end_to_end_duration".into(), meta.duration_ms().into());
-    entry.insert("state_size".into(), meta.state_size.into());
-    entry.insert("tasks".into(), serde_json::to_value(&meta.tasks)?);
+    let subtasks = meta.tasks.len();
+    let unaligned = meta.tasks.iter().any(|t| t.unaligned);
+    let external_path = checkpoint_dir.map(|d| {
+        format!(
+            "{}/{}/chk-{}",
+            d.trim_end_matches('/'),
+            meta.job_id,
+            meta.checkpoint_id
+        )
+    });
+    let fields = json!({
+        "className": "completed",
+        "id": meta.checkpoint_id,
+        "status": "COMPLETED",
+        "is_savepoint": false,
+        "savepointFormat": null,
+        "trigger_timestamp": meta.trigger_timestamp_ms,
+        "latest_ack_timestamp": meta.completed_timestamp_ms,
+        "checkpointed_size": meta.state_size,
+        "state_size": meta.state_size,
+        "end_to_end_duration": meta.duration_ms(),
+        "alignment_buffered": 0,
+        "processed_data": 0,
+        "persisted_data": persisted_data(meta),
+        "num_subtasks": subtasks,
+        "num_acknowledged_subtasks": subtasks,
+        "checkpoint_type": if unaligned { "UNALIGNED_CHECKPOINT" } else { "CHECKPOINT" },
+        "tasks": per_vertex(meta, view),
+        "external_path": external_path,
+        "discarded": false,
+        "subtasks": serde_json::to_value(&meta.tasks)?,
+    });
+    if let Value::Object(fields) = fields {
+        entry.extend(fields);
+    }
     Ok(Value::Object(entry))
+}
+
+/// Flink's `TaskCheckpointStatistics` per task vertex, from the subtasks' statistics.
+fn per_vertex(meta: &CheckpointMetadata, view: &JobStatusView) -> Map<String, Value> {
+    let mut by_task: BTreeMap<&str, Vec<&TaskCheckpointStats>> = BTreeMap::new();
+    for t in &meta.tasks {
+        by_task.entry(t.task.as_str()).or_default().push(t);
+    }
+    by_task
+        .into_iter()
+        .map(|(name, stats)| {
+            let subtasks = view
+                .vertices
+                .iter()
+                .find(|v| v.name == name)
+                .map_or(stats.len() as u64, |v| u64::from(v.parallelism));
+            let state_size: u64 = stats.iter().map(|t| t.state_size).sum();
+            let persisted: u64 = stats.iter().map(|t| t.channel_state_size).sum();
+            // From the trigger to the slowest subtask's acknowledgement, as far as measured.
+            let slowest = stats
+                .iter()
+                .map(|t| t.start_delay_ms + t.alignment_ms + t.sync_ms + t.async_ms)
+                .max()
+                .unwrap_or(0);
+            let value = json!({
+                "id": meta.checkpoint_id,
+                "status": "COMPLETED",
+                "latest_ack_timestamp": meta.completed_timestamp_ms,
+                "checkpointed_size": state_size,
+                "state_size": state_size,
+                "end_to_end_duration": slowest,
+                "alignment_buffered": 0,
+                "processed_data": 0,
+                "persisted_data": persisted,
+                "num_subtasks": subtasks,
+                "num_acknowledged_subtasks": stats.len(),
+            });
+            (vertex_id(name, 0), value)
+        })
+        .collect()
+}
+
+/// The value of configuration key `key` in the effective configuration.
+fn config_value<'a>(view: &'a JobStatusView, key: &str) -> Option<&'a str> {
+    view.config
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// `GET /config`: Flink's `DashboardConfiguration`. Times are reported in UTC.
+pub(crate) fn dashboard_config() -> Value {
+    json!({
+        "refresh-interval": 3000,
+        "timezone-name": "Coordinated Universal Time",
+        "timezone-offset": 0,
+        "flink-version": FLINK_VERSION,
+        "flink-revision": REVISION,
+        "features": {
+            "web-submit": false,
+            "web-cancel": true,
+            "web-rescale": false,
+            "web-history": false,
+        },
+    })
+}
+
+/// `GET /overview`: Flink's `ClusterOverviewWithVersion`. A job holds as many slots as its
+/// widest vertex has subtasks (slot sharing); free slots are what running jobs leave.
+pub(crate) fn cluster_overview(views: &[JobStatusView], resources: Resources) -> Value {
+    let count = |s: JobState| views.iter().filter(|v| v.state == s).count();
+    let used: u32 = views
+        .iter()
+        .filter(|v| !v.state.is_terminal())
+        .map(|v| v.vertices.iter().map(|x| x.parallelism).max().unwrap_or(0))
+        .sum();
+    json!({
+        "taskmanagers": resources.workers,
+        "slots-total": resources.slots,
+        "slots-available": resources.slots.saturating_sub(used),
+        "taskmanagers-blocked": 0,
+        "slots-free-and-blocked": 0,
+        "jobs-running": views.iter().filter(|v| !v.state.is_terminal()).count(),
+        "jobs-finished": count(JobState::Finished),
+        "jobs-cancelled": count(JobState::Canceled),
+        "jobs-failed": count(JobState::Failed),
+        "flink-version": FLINK_VERSION,
+        "flink-commit": REVISION,
+    })
 }
 
 /// How a configuration value is shown.
@@ -131,11 +518,7 @@ const UNSET: &str = "(not set)";
 pub(crate) fn checkpoint_config(view: &JobStatusView) -> Value {
     let mut out = Map::new();
     for &(field, key, kind) in CONFIG_FIELDS {
-        let value = view
-            .config
-            .iter()
-            .find(|(k, _)| k == key)
-            .map_or(Value::Null, |(_, v)| render(v, kind));
+        let value = config_value(view, key).map_or(Value::Null, |v| render(v, kind));
         out.insert(field.into(), value);
     }
     Value::Object(out)
@@ -160,6 +543,31 @@ fn render(text: &str, kind: Kind) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_ids_are_stable_32_hex_digits() {
+        let id = derived_id("Source: words -> Map");
+        assert_eq!(id.len(), 32);
+        assert!(id
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        // Fixed offsets, no per-process seed: every process and build derives the same id.
+        assert_eq!(derived_id(""), "cbf29ce4842223256c62272e07bb0142");
+        assert_eq!(id, derived_id("Source: words -> Map"));
+        assert_ne!(derived_id("a"), derived_id("b"));
+        assert_ne!(vertex_id("a", 0), vertex_id("a", 1));
+    }
+
+    #[test]
+    fn stats_summarize_with_nearest_rank_percentiles() {
+        let s = stats(1..=10);
+        assert_eq!(
+            s,
+            json!({"min": 1, "max": 10, "avg": 5, "p50": 5.0, "p90": 9.0, "p95": 10.0, "p99": 10.0, "p999": 10.0})
+        );
+        assert_eq!(stats(std::iter::once(7))["p50"], 7.0);
+        assert_eq!(stats(std::iter::empty())["max"], 0);
+    }
 
     #[test]
     fn config_values_are_typed() {

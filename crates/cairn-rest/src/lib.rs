@@ -4,13 +4,19 @@
 //! [`JobStatus`](cairn::runtime::JobStatus); this crate reads it (and may request a cancel)
 //! through a [`JobRegistry`], and [`serve`] answers HTTP on its own thread and tokio runtime.
 //!
-//! | Request | Answer |
+//! Bodies have the field names and types of Flink 2.3's response classes (every field Flink's
+//! client requires; cairn's own fields beside them), and every path also answers under
+//! `/v1/`, as Flink's clients ask:
+//!
+//! | Request | Answer (Flink's class) |
 //! | --- | --- |
-//! | `GET /jobs` | `{"jobs":[{"id","status"}]}` |
+//! | `GET /overview` | workers, slots and job counts (`ClusterOverviewWithVersion`); resources from the [`ClusterResources`] |
+//! | `GET /config` | `{"refresh-interval","timezone-name","timezone-offset","flink-version",..}` (`DashboardConfiguration`) |
+//! | `GET /jobs` | `{"jobs":[{"id","status"}]}` (`JobIdsWithStatusOverview`) |
 //! | `POST /jobs` | body `{"job","args":[..]}` → `{"jobid"}`; 400 if refused; 501 without a [`JobSubmitter`] |
-//! | `GET /jobs/overview` | `{"jobs":[..]}`, each as `GET /jobs/{jid}` answers |
-//! | `GET /jobs/{jid}` | `{"jid","name","state","start-time","end-time","duration","restarts","failure-cause"}` |
-//! | `GET /jobs/{jid}/checkpoints` | `{"counts":{..},"latest":{"completed":{..}\|null},"history":[..]}`, newest first |
+//! | `GET /jobs/overview` | `{"jobs":[{"jid","name","state","start-time",..,"tasks"}]}` (`MultipleJobsDetails`) |
+//! | `GET /jobs/{jid}` | `{"jid","name","state","start-time","end-time","duration","vertices",..}` (`JobDetailsInfo`) |
+//! | `GET /jobs/{jid}/checkpoints` | `{"counts","summary","latest","history"}`, newest first (`CheckpointingStatistics`) |
 //! | `GET /jobs/{jid}/checkpoints/config` | `{"mode","interval","timeout","min_pause",..}` (durations in ms) |
 //! | `PATCH /jobs/{jid}?mode=cancel` | 202 `{}`; 409 if the job already ended; 400 for another mode |
 //!
@@ -22,9 +28,11 @@
 
 mod body;
 mod registry;
+mod resources;
 mod server;
 mod submit;
 
 pub use registry::JobRegistry;
+pub use resources::{ClusterResources, Resources};
 pub use server::{serve, RestError, RestServer, SUBMIT_BODY_MAX};
 pub use submit::JobSubmitter;

@@ -5,6 +5,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use cairn::runtime::JobStatus;
 
+use crate::resources::{ClusterResources, Resources};
 use crate::submit::JobSubmitter;
 
 /// The jobs served, by job id, and what submits new ones (if anything). Cheap to clone: clones
@@ -17,6 +18,7 @@ use crate::submit::JobSubmitter;
 pub struct JobRegistry {
     jobs: Arc<RwLock<Vec<Arc<JobStatus>>>>,
     submitter: Arc<RwLock<Option<Arc<dyn JobSubmitter>>>>,
+    resources: Arc<RwLock<Option<Arc<dyn ClusterResources>>>>,
 }
 
 impl fmt::Debug for JobRegistry {
@@ -63,6 +65,24 @@ impl JobRegistry {
             .submitter
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Some(submitter);
+    }
+
+    /// Reports workers and slots through `resources` from now on (replacing any earlier one).
+    pub fn set_resources(&self, resources: Arc<dyn ClusterResources>) {
+        *self
+            .resources
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(resources);
+    }
+
+    /// The workers and slots the cluster offers now; none without a [`ClusterResources`].
+    pub fn resources(&self) -> Resources {
+        let source = self
+            .resources
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        source.map(|r| r.resources()).unwrap_or_default()
     }
 
     /// What submits jobs, if this registry accepts submissions.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::extract::{DefaultBodyLimit, OriginalUri, Path, Query, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -168,14 +168,20 @@ async fn run(listener: tokio::net::TcpListener, app: Router, stop: watch::Receiv
 }
 
 fn router(registry: JobRegistry, token: Option<String>) -> Router {
-    let router = Router::new()
+    // Flink's clients put the API version first (`/v1/jobs/overview`); both spellings answer.
+    let api = Router::new()
+        .route("/overview", get(cluster_overview))
+        .route("/config", get(dashboard_config))
         .route("/jobs", get(list_jobs).post(submit_job))
         .route("/jobs/overview", get(jobs_overview))
         .route("/jobs/{jid}", get(job_details).patch(patch_job))
         .route("/jobs/{jid}/checkpoints", get(checkpoints))
         .route("/jobs/{jid}/checkpoints/config", get(checkpoint_config))
+        .method_not_allowed_fallback(method_not_allowed);
+    let router = Router::new()
+        .nest("/v1", api.clone())
+        .merge(api)
         .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(SUBMIT_BODY_MAX))
         .with_state(registry);
     match token {
@@ -252,11 +258,20 @@ fn lookup(registry: &JobRegistry, jid: &str) -> Result<Arc<JobStatus>, ApiError>
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("job {jid} not found")))
 }
 
+async fn cluster_overview(State(registry): State<JobRegistry>) -> Json<Value> {
+    let views: Vec<_> = registry.list().iter().map(|s| s.view()).collect();
+    Json(body::cluster_overview(&views, registry.resources()))
+}
+
+async fn dashboard_config() -> Json<Value> {
+    Json(body::dashboard_config())
+}
+
 async fn list_jobs(State(registry): State<JobRegistry>) -> ApiResult {
     let jobs = registry
         .list()
         .iter()
-        .map(|s| body::job_overview(&s.view()))
+        .map(|s| body::job_id_with_status(&s.view()))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(json!({ "jobs": jobs })))
 }
@@ -266,7 +281,7 @@ async fn jobs_overview(State(registry): State<JobRegistry>) -> ApiResult {
     let jobs = registry
         .list()
         .iter()
-        .map(|s| body::job_details(&s.view(), now))
+        .map(|s| body::job_overview(&s.view(), now))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(json!({ "jobs": jobs })))
 }
@@ -390,11 +405,11 @@ async fn patch_job(
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
 }
 
-async fn not_found(uri: Uri) -> ApiError {
+async fn not_found(OriginalUri(uri): OriginalUri) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("not found: {}", uri.path()))
 }
 
-async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         format!("method {method} is not allowed on {}", uri.path()),

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use cairn::checkpoint::{CheckpointMetadata, TaskCheckpointStats};
 use cairn::config::{keys, JobConfig};
-use cairn::runtime::{JobState, JobStatus};
-use cairn_rest::{serve, JobRegistry, RestError, RestServer};
+use cairn::runtime::{JobState, JobStatus, VertexView};
+use cairn_rest::{serve, ClusterResources, JobRegistry, Resources, RestError, RestServer};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------------------------------------
@@ -245,26 +245,34 @@ fn job_details_of_running_and_finished_jobs() {
     let r = get(srv.local_addr(), &format!("/jobs/{RUNNING}"));
     assert_eq!(r.status, 200, "{r:?}");
     let b = &r.body;
-    let mut fields: Vec<&str> = b
-        .as_object()
-        .expect("object")
-        .keys()
-        .map(String::as_str)
-        .collect();
-    fields.sort_unstable();
-    assert_eq!(
-        fields,
-        [
-            "duration",
-            "end-time",
-            "failure-cause",
-            "jid",
-            "name",
-            "restarts",
-            "start-time",
-            "state"
-        ]
-    );
+    // Flink's JobDetailsInfo: every field its client requires, with cairn's beside them.
+    for field in [
+        "jid",
+        "name",
+        "isStoppable",
+        "state",
+        "job-type",
+        "schedulerType",
+        "start-time",
+        "end-time",
+        "duration",
+        "maxParallelism",
+        "now",
+        "timestamps",
+        "vertices",
+        "status-counts",
+        "plan",
+        "stream-graph",
+        "pending-operators",
+        "restarts",
+        "failure-cause",
+    ] {
+        assert!(b.get(field).is_some(), "no {field} in {b}");
+    }
+    assert_eq!(b["isStoppable"], false);
+    assert_eq!(b["job-type"], "STREAMING");
+    assert_eq!(b["timestamps"]["RUNNING"], running.view().start_time);
+    assert_eq!(b["timestamps"]["FINISHED"], 0);
     assert_eq!(b["jid"], RUNNING);
     assert_eq!(b["name"], "wordcount");
     assert_eq!(b["state"], "RUNNING");
@@ -293,7 +301,17 @@ fn checkpoints_show_counts_latest_and_history_newest_first() {
     let b = &r.body;
     assert_eq!(
         b["counts"],
-        json!({"triggered": 5, "in_progress": 1, "completed": 3, "failed": 1})
+        json!({"restored": 0, "total": 5, "triggered": 5, "in_progress": 1, "completed": 3, "failed": 1})
+    );
+    // Flink's summary over the history: state sizes 1000, 2000, 3000; durations 41, 42, 43.
+    assert_eq!(
+        b["summary"]["state_size"],
+        json!({"min": 1000, "max": 3000, "avg": 2000, "p50": 2000.0, "p90": 3000.0, "p95": 3000.0, "p99": 3000.0, "p999": 3000.0})
+    );
+    assert_eq!(b["summary"]["end_to_end_duration"]["min"], 41);
+    assert_eq!(
+        b["latest"],
+        json!({"completed": b["history"][0], "savepoint": null, "failed": null, "restored": null})
     );
     let history = b["history"].as_array().expect("history");
     let ids: Vec<u64> = history.iter().filter_map(|h| h["id"].as_u64()).collect();
@@ -307,15 +325,40 @@ fn checkpoints_show_counts_latest_and_history_newest_first() {
     assert_eq!(newest["latest_ack_timestamp"], meta.completed_timestamp_ms);
     assert_eq!(newest["end_to_end_duration"], 43);
     assert_eq!(newest["state_size"], 3000);
-    // Per-task statistics are the struct as serde serializes it, whatever fields it has.
+    assert_eq!(newest["className"], "completed");
+    assert_eq!(newest["is_savepoint"], false);
+    assert_eq!(newest["checkpoint_type"], "CHECKPOINT");
+    assert_eq!(newest["num_subtasks"], 2);
     assert_eq!(
-        newest["tasks"],
+        newest["external_path"],
+        format!("/tmp/cairn-ckpt/{RUNNING}/chk-3")
+    );
+    // cairn's per-subtask statistics are the struct as serde serializes it, whatever fields
+    // it has.
+    assert_eq!(
+        newest["subtasks"],
         serde_json::to_value(&meta.tasks).expect("stats serialize")
     );
-    assert_eq!(newest["tasks"][1]["task"], "counts -> Sink");
-    assert_eq!(newest["tasks"][1]["subtask"], 1);
-    assert_eq!(newest["tasks"][1]["alignment_ms"], 6);
-    assert_eq!(newest["tasks"][1]["start_delay_ms"], 7);
+    assert_eq!(newest["subtasks"][1]["task"], "counts -> Sink");
+    assert_eq!(newest["subtasks"][1]["subtask"], 1);
+    assert_eq!(newest["subtasks"][1]["alignment_ms"], 6);
+    assert_eq!(newest["subtasks"][1]["start_delay_ms"], 7);
+    // Flink's per-vertex statistics, keyed by 32-hex-digit vertex ids.
+    let tasks = newest["tasks"].as_object().expect("tasks per vertex");
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
+    for (id, t) in tasks {
+        assert!(
+            id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit()),
+            "{id}"
+        );
+        assert_eq!(t["num_acknowledged_subtasks"], 1, "{t}");
+        assert_eq!(t["status"], "COMPLETED", "{t}");
+    }
+    let sink = tasks
+        .values()
+        .find(|t| t["state_size"] == 2970)
+        .expect("the sink task's statistics");
+    assert_eq!(sink["end_to_end_duration"], 7 + 6 + 4 + 5);
     // Storage layout and identity are not repeated per checkpoint.
     for hidden in ["operators", "job_id", "job_name", "checkpoint_id"] {
         assert!(newest.get(hidden).is_none(), "{hidden} in {newest}");
@@ -328,11 +371,20 @@ fn checkpoints_of_a_job_without_any() {
     let srv = server(reg, None);
     let r = get(srv.local_addr(), &format!("/jobs/{FINISHED}/checkpoints"));
     assert_eq!(r.status, 200, "{r:?}");
+    let zero = json!({"min": 0, "max": 0, "avg": 0, "p50": 0.0, "p90": 0.0, "p95": 0.0, "p99": 0.0, "p999": 0.0});
     assert_eq!(
         r.body,
         json!({
-            "counts": {"triggered": 0, "in_progress": 0, "completed": 0, "failed": 0},
-            "latest": {"completed": null},
+            "counts": {"restored": 0, "total": 0, "triggered": 0, "in_progress": 0, "completed": 0, "failed": 0},
+            "summary": {
+                "checkpointed_size": zero,
+                "state_size": zero,
+                "end_to_end_duration": zero,
+                "alignment_buffered": zero,
+                "processed_data": zero,
+                "persisted_data": zero,
+            },
+            "latest": {"completed": null, "savepoint": null, "failed": null, "restored": null},
             "history": [],
         })
     );
@@ -384,9 +436,14 @@ fn unknown_jobs_paths_and_methods_are_flink_errors() {
         get(addr, path).assert_error(404, "job nope not found");
     }
     request(addr, "PATCH", "/jobs/nope?mode=cancel", None).assert_error(404, "job nope not found");
-    get(addr, "/overview").assert_error(404, "not found: /overview");
+    get(addr, "/taskmanagers").assert_error(404, "not found: /taskmanagers");
+    get(addr, "/v1/taskmanagers").assert_error(404, "not found: /v1/taskmanagers");
+    get(addr, "/v2/jobs").assert_error(404, "not found: /v2/jobs");
     get(addr, &format!("/jobs/{RUNNING}/vertices")).assert_error(404, "not found");
+    get(addr, "/v1/jobs/nope").assert_error(404, "job nope not found");
     request(addr, "DELETE", "/jobs", None).assert_error(405, "DELETE");
+    request(addr, "DELETE", "/v1/jobs", None)
+        .assert_error(405, "method DELETE is not allowed on /v1/jobs");
 }
 
 #[test]
@@ -433,6 +490,140 @@ fn a_status_registered_before_its_job_id_is_known_is_found_by_the_new_id() {
     let r = get(srv.local_addr(), &format!("/jobs/{RUNNING}"));
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.body["state"], "RUNNING");
+}
+
+#[test]
+fn every_path_answers_the_same_under_v1() {
+    let (reg, running, _) = registry();
+    let srv = server(reg, None);
+    let addr = srv.local_addr();
+    for path in [
+        "/jobs".to_string(),
+        format!("/jobs/{FINISHED}"),
+        format!("/jobs/{RUNNING}/checkpoints"),
+        format!("/jobs/{RUNNING}/checkpoints/config"),
+        "/config".into(),
+    ] {
+        let mut plain = get(addr, &path);
+        let mut versioned = get(addr, &format!("/v1{path}"));
+        assert_eq!(plain.status, 200, "{path}: {plain:?}");
+        // The time of the answer differs, of course.
+        for body in [&mut plain.body, &mut versioned.body] {
+            if let Some(b) = body.as_object_mut() {
+                b.remove("now");
+            }
+        }
+        assert_eq!(plain.body, versioned.body, "{path}");
+    }
+    let r = request(
+        addr,
+        "PATCH",
+        &format!("/v1/jobs/{RUNNING}?mode=cancel"),
+        None,
+    );
+    assert_eq!(r.status, 202, "{r:?}");
+    assert!(running.cancel_requested());
+}
+
+#[test]
+fn jobs_overview_entries_are_flink_job_details() {
+    let (reg, running, _) = registry();
+    running.update(|v| {
+        v.vertices = vec![
+            VertexView {
+                name: "Source: words -> Map".into(),
+                parallelism: 2,
+            },
+            VertexView {
+                name: "counts -> Sink".into(),
+                parallelism: 3,
+            },
+        ];
+        v.max_parallelism = 128;
+    });
+    let srv = server(reg, None);
+    let r = get(srv.local_addr(), "/v1/jobs/overview");
+    assert_eq!(r.status, 200, "{r:?}");
+    let jobs = r.body["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 2);
+    let job = &jobs[0];
+    assert_eq!(job["jid"], RUNNING);
+    assert_eq!(job["state"], "RUNNING");
+    assert_eq!(job["last-modification"], running.view().start_time);
+    assert_eq!(job["pending-operators"], 0);
+    // Every subtask is counted under the state matching the job's.
+    assert_eq!(job["tasks"]["total"], 5);
+    assert_eq!(job["tasks"]["running"], 5);
+    assert_eq!(job["tasks"]["canceled"], 0);
+    assert_eq!(job["tasks"].as_object().map(|t| t.len()), Some(11));
+    assert_eq!(jobs[1]["state"], "FINISHED");
+    assert_eq!(jobs[1]["tasks"]["total"], 0);
+
+    let r = get(srv.local_addr(), &format!("/jobs/{RUNNING}"));
+    let vertices = r.body["vertices"].as_array().expect("vertices");
+    assert_eq!(vertices.len(), 2);
+    assert_eq!(vertices[1]["name"], "counts -> Sink");
+    assert_eq!(vertices[1]["parallelism"], 3);
+    assert_eq!(vertices[1]["maxParallelism"], 128);
+    assert_eq!(vertices[1]["tasks"]["RUNNING"], 3);
+    assert_eq!(r.body["status-counts"]["RUNNING"], 2);
+    assert_eq!(r.body["plan"]["nodes"].as_array().map(Vec::len), Some(2));
+    // The checkpoint statistics name the same vertex ids.
+    let c = get(srv.local_addr(), &format!("/jobs/{RUNNING}/checkpoints"));
+    let tasks = c.body["history"][0]["tasks"].as_object().expect("tasks");
+    for v in vertices {
+        let id = v["id"].as_str().expect("vertex id");
+        assert!(tasks.contains_key(id), "{id} not in {tasks:?}");
+    }
+    assert_eq!(
+        tasks[vertices[1]["id"].as_str().expect("id")]["num_subtasks"],
+        3
+    );
+}
+
+struct TwoWorkers;
+
+impl ClusterResources for TwoWorkers {
+    fn resources(&self) -> Resources {
+        Resources {
+            workers: 2,
+            slots: 4,
+        }
+    }
+}
+
+#[test]
+fn overview_and_config_are_flink_shaped() {
+    let (reg, running, _) = registry();
+    running.update(|v| {
+        v.vertices = vec![VertexView {
+            name: "all".into(),
+            parallelism: 3,
+        }]
+    });
+    let srv = server(reg.clone(), None);
+    let r = get(srv.local_addr(), "/v1/overview");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["taskmanagers"], 0);
+    assert_eq!(r.body["slots-total"], 0);
+    assert_eq!(r.body["jobs-running"], 1);
+    assert_eq!(r.body["jobs-finished"], 1);
+    assert_eq!(r.body["jobs-cancelled"], 0);
+    assert_eq!(r.body["jobs-failed"], 0);
+    assert_eq!(r.body["flink-version"], "2.3.0");
+    reg.set_resources(Arc::new(TwoWorkers));
+    let r = get(srv.local_addr(), "/overview");
+    assert_eq!(r.body["taskmanagers"], 2);
+    assert_eq!(r.body["slots-total"], 4);
+    assert_eq!(r.body["slots-available"], 1);
+
+    let r = get(srv.local_addr(), "/v1/config");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["flink-version"], "2.3.0");
+    assert_eq!(r.body["timezone-offset"], 0);
+    assert!(r.body["refresh-interval"].as_u64().is_some(), "{r:?}");
+    assert_eq!(r.body["features"]["web-cancel"], true);
+    assert_eq!(r.body["features"]["web-submit"], false);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -129,6 +129,11 @@ impl Coordinator {
             .unwrap_or_default()
     }
 
+    /// Live workers.
+    pub fn workers(&self) -> usize {
+        self.inner.workers.lock().map(|w| w.len()).unwrap_or(0)
+    }
+
     /// Free slots of live workers.
     pub fn slots(&self) -> u32 {
         self.inner

@@ -230,10 +230,13 @@ pub fn run_job_with(
     let status = opts.status.clone().unwrap_or_else(|| {
         JobStatus::new(job_id.clone(), graph.name().to_string(), config.describe())
     });
+    let vertices = plan.vertex_views();
     status.update(|v| {
         v.jid = job_id.clone();
         v.name = graph.name().to_string();
         v.config = config.describe();
+        v.vertices = vertices;
+        v.max_parallelism = plan.max_parallelism;
     });
     if let Some(c) = &restored {
         info!("restoring job from checkpoint {} ({})", c.id(), c.location);

@@ -21,4 +21,6 @@ pub use job::{
     run_job, run_job_with, InjectSpec, InjectTarget, JobError, JobSummary, Progress, RestoreFrom,
     RunOptions,
 };
-pub use status::{JobCommand, JobState, JobStatus, JobStatusView, SavepointState, SavepointStatus};
+pub use status::{
+    JobCommand, JobState, JobStatus, JobStatusView, SavepointState, SavepointStatus, VertexView,
+};

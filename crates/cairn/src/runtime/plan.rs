@@ -101,6 +101,17 @@ impl Plan {
             .collect()
     }
 
+    /// The task vertices' names and parallelisms, in graph order, for observers.
+    pub fn vertex_views(&self) -> Vec<super::status::VertexView> {
+        self.vertices
+            .iter()
+            .map(|v| super::status::VertexView {
+                name: v.name.clone(),
+                parallelism: v.parallelism,
+            })
+            .collect()
+    }
+
     /// Task infos (without mailboxes) for every subtask, in global order.
     pub fn task_descriptions(&self, graph: &JobGraph) -> Vec<TaskDescription> {
         let mut out = Vec::with_capacity(self.total);

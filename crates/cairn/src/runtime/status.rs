@@ -110,6 +110,19 @@ pub struct JobStatusView {
     pub config: Vec<(String, String)>,
     /// Savepoint requests, oldest first.
     pub savepoints: Vec<SavepointStatus>,
+    /// The task vertices (chains) of the job, in graph order; empty until the job is planned.
+    pub vertices: Vec<VertexView>,
+    /// Number of key groups (`pipeline.max-parallelism`); 0 until the job is planned.
+    pub max_parallelism: u32,
+}
+
+/// One task vertex (a chain of operators) as observers see it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VertexView {
+    /// The task's name (as in checkpoint statistics).
+    pub name: String,
+    /// Its number of subtasks.
+    pub parallelism: u32,
 }
 
 /// Completed checkpoints kept in the status for observers.
@@ -141,6 +154,8 @@ impl JobStatus {
                 checkpoint_history: Vec::new(),
                 config,
                 savepoints: Vec::new(),
+                vertices: Vec::new(),
+                max_parallelism: 0,
             }),
             history: RwLock::new(VecDeque::new()),
             cancel: AtomicBool::new(false),
