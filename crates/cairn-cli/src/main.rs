@@ -10,6 +10,7 @@ mod cluster;
 mod human;
 mod remote;
 mod run;
+mod savepoint;
 
 use std::process::ExitCode;
 
@@ -42,6 +43,11 @@ enum Command {
     Status(remote::JobArgs),
     /// Cancel a job through the REST API.
     Cancel(remote::JobArgs),
+    /// Take a savepoint of a running job (REST API); or `info PATH` / `dispose PATH` one.
+    Savepoint(savepoint::SavepointArgs),
+    /// Stop a job with a savepoint: sources stop, the savepoint is taken, sinks commit, the job
+    /// ends FINISHED; prints the savepoint's path.
+    Stop(savepoint::StopArgs),
     /// Run the cluster coordinator: job manager, checkpoint coordinator, REST API.
     Coordinator(cluster::CoordinatorArgs),
     /// Run a cluster worker offering task slots.
@@ -97,6 +103,8 @@ fn main() -> ExitCode {
         Command::List(args) => remote::list(args),
         Command::Status(args) => remote::status(args),
         Command::Cancel(args) => remote::cancel(args),
+        Command::Savepoint(args) => savepoint::savepoint(args),
+        Command::Stop(args) => savepoint::stop(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -418,11 +418,18 @@ pub fn run(args: RunArgs) -> Result<()> {
             .then(|| Arc::new(progress_line) as Arc<dyn Fn(&Progress) + Send + Sync>),
         inject_target: cairn::runtime::InjectTarget(args.inject_uid.clone()),
         metrics: None,
-        status,
+        status: status.clone(),
         job_id: None,
     };
+    let status_for_rest = status;
     let summary = run_job(&graph, opts);
-    // The job has ended: stop answering.
+    // The job has ended: stop answering, once the clients waiting for a savepoint got it.
+    if let (Some(_), Some(status)) = (&rest, &status_for_rest) {
+        let until = std::time::Instant::now() + SAVEPOINT_LINGER;
+        while !status.savepoints_reported() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
     drop(rest);
     if interactive {
         eprint!("\r\x1b[2K");
@@ -449,6 +456,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// How long an embedded run keeps its REST API up after the job ended, for a client to fetch
+/// the outcome of the savepoint it asked for (a stop-with-savepoint ends the job).
+const SAVEPOINT_LINGER: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `--savepoint-on-exit`: the first Ctrl-C or SIGTERM asks for a stop-with-savepoint, the next
 /// one cancels.
 fn stop_on_signal(dir: PathBuf, status: Arc<JobStatus>) -> Result<()> {
@@ -459,7 +470,7 @@ fn stop_on_signal(dir: PathBuf, status: Arc<JobStatus>) -> Result<()> {
                 "stopping with a savepoint under {} (again to cancel)",
                 dir.display()
             );
-            status.request_savepoint(dir.clone(), true);
+            status.request_savepoint(dir.clone(), true, false);
         } else {
             status.request_cancel();
         }

@@ -314,3 +314,45 @@ fn flink_cli_lists_and_cancels_a_job_of_a_coordinator() {
     assert_cancelled_by_flink(&flink.cli("cancel", rest, &[&jid]), &jid);
     wait_for_state(rest, &jid, "CANCELED");
 }
+
+/// The path Flink's client printed as `Savepoint completed. Path: PATH`.
+fn savepoint_path(out: &str) -> PathBuf {
+    let path = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Savepoint completed. Path: "))
+        .unwrap_or_else(|| panic!("no savepoint path in Flink's output:\n{out}"));
+    PathBuf::from(path.strip_prefix("file:").unwrap_or(path))
+}
+
+/// Flink's `savepoint`, `savepoint -d` and `stop` drive savepoints of `cairn run --rest`.
+#[test]
+fn flink_cli_takes_disposes_and_stops_with_savepoints() {
+    let flink = Flink::new(None);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ck = dir.path().join("checkpoints");
+    let mut run = Watched::spawn(common::cairn().arg("run").args(LONG_WORDCOUNT).args([
+        "--rest",
+        "127.0.0.1:0",
+        "--checkpoint-dir",
+        &ck.display().to_string(),
+    ]));
+    let addr = run.rest_addr(Instant::now() + DEADLINE);
+    let jid = wait_for_job(addr, None, "RUNNING", || run.assert_running());
+
+    let target = dir.path().join("savepoints");
+    let taken =
+        savepoint_path(&flink.cli("savepoint", addr, &[&jid, &target.display().to_string()]));
+    assert!(taken.join("_metadata").is_file(), "{}", taken.display());
+    run.assert_running();
+    let disposed = flink.cli("savepoint", addr, &["-d", &taken.display().to_string()]);
+    assert!(disposed.contains("disposed"), "{disposed}");
+    assert!(!taken.exists(), "the savepoint was deleted");
+
+    let last = dir.path().join("final");
+    let stopped =
+        savepoint_path(&flink.cli("stop", addr, &["-p", &last.display().to_string(), &jid]));
+    assert!(stopped.starts_with(&last), "{}", stopped.display());
+    assert!(stopped.join("_metadata").is_file());
+    let (status, stderr) = run.wait(Instant::now() + DEADLINE);
+    assert!(status.success(), "a stopped job ends FINISHED: {stderr}");
+}

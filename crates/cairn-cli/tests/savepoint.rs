@@ -187,3 +187,89 @@ fn a_moved_savepoint_restores_and_a_damaged_one_is_refused() {
     assert!(status.success(), "{stderr}");
     assert_exactly_once(&out, &generated_counts(WORDS, KEYS));
 }
+
+/// The job id `cairn list` shows first.
+fn first_job(rest: &str) -> String {
+    let out = common::run_ok(cairn().args(["list", "--rest", rest]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("no job listed: {text}"))
+        .to_string()
+}
+
+/// The path a `savepoint stored in PATH` line of stdout names.
+fn stored_at(out: &std::process::Output) -> PathBuf {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix("savepoint stored in "))
+        .unwrap_or_else(|| panic!("no savepoint path in: {text}"));
+    PathBuf::from(path)
+}
+
+/// Through the REST API and the command line: an intermediate savepoint while the job runs
+/// (it keeps running, and `savepoint info` describes it), then `cairn stop`, which ends the
+/// job FINISHED with a final savepoint; resuming from that one is exactly once, and `dispose`
+/// deletes the intermediate one.
+#[test]
+fn savepoint_and_stop_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut cmd = wordcount(&out, &dir.path().join("ck1"), 2, None, RATE);
+    cmd.args(["--rest", "127.0.0.1:0"]);
+    let mut run = Watched::spawn(&mut cmd);
+    let until = Instant::now() + DEADLINE;
+    let rest = run.rest_addr(until).to_string();
+    let jid = first_job(&rest);
+
+    let sp = dir.path().join("manual");
+    let taken = common::run_ok(
+        cairn()
+            .args(["savepoint", &jid])
+            .arg(&sp)
+            .args(["--rest", &rest]),
+    );
+    let intermediate = stored_at(&taken);
+    assert!(intermediate.starts_with(&sp), "{}", intermediate.display());
+    run.assert_running();
+    let info = common::run_ok(cairn().args(["savepoint", "info"]).arg(&intermediate));
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(info.starts_with("savepoint "), "{info}");
+    for uid in ["source", "count"] {
+        assert!(info.contains(&format!("operator '{uid}'")), "{uid}: {info}");
+    }
+    assert!(info.contains("keyed '"), "{info}");
+
+    let stopped = common::run_ok(
+        cairn()
+            .args(["stop", &jid, "--savepoint-dir"])
+            .arg(dir.path().join("final"))
+            .args(["--rest", &rest]),
+    );
+    let last = stored_at(&stopped);
+    assert!(String::from_utf8_lossy(&stopped.stdout).contains(&format!("job {jid} finished")));
+    let (status, stderr) = run.wait(until);
+    assert!(status.success(), "{stderr}");
+    assert!(committed_records(&out) < WORDS, "the stop landed mid-run");
+
+    let resumed = wordcount(&out, &dir.path().join("ck2"), 2, Some(&last), "0")
+        .output()
+        .unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert_exactly_once(&out, &generated_counts(WORDS, KEYS));
+
+    common::run_ok(cairn().args(["savepoint", "dispose"]).arg(&intermediate));
+    assert!(!intermediate.exists());
+    let again = cairn()
+        .args(["savepoint", "dispose"])
+        .arg(&intermediate)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("does not exist"));
+}

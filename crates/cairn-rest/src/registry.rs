@@ -1,5 +1,6 @@
 //! The jobs the REST API serves.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -19,6 +20,8 @@ pub struct JobRegistry {
     jobs: Arc<RwLock<Vec<Arc<JobStatus>>>>,
     submitter: Arc<RwLock<Option<Arc<dyn JobSubmitter>>>>,
     resources: Arc<RwLock<Option<Arc<dyn ClusterResources>>>>,
+    /// Savepoint disposals by request id: None if it succeeded, else why not.
+    disposals: Arc<RwLock<HashMap<String, Option<String>>>>,
 }
 
 impl fmt::Debug for JobRegistry {
@@ -34,6 +37,24 @@ impl JobRegistry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Records how disposal request `id` ended (`error`: why it failed).
+    pub fn disposal_ended(&self, id: String, error: Option<String>) {
+        let mut d = self
+            .disposals
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        d.insert(id, error);
+    }
+
+    /// How disposal request `id` ended, if there is one.
+    pub fn disposal(&self, id: &str) -> Option<Option<String>> {
+        let d = self
+            .disposals
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        d.get(id).cloned()
     }
 
     /// Adds a job; registering the same status twice has no effect.

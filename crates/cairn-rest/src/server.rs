@@ -2,6 +2,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -12,9 +13,9 @@ use axum::extract::{DefaultBodyLimit, OriginalUri, Path, Query, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
-use cairn::runtime::JobStatus;
+use cairn::runtime::{JobStatus, SavepointState};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -177,6 +178,11 @@ fn router(registry: JobRegistry, token: Option<String>) -> Router {
         .route("/jobs/{jid}", get(job_details).patch(patch_job))
         .route("/jobs/{jid}/checkpoints", get(checkpoints))
         .route("/jobs/{jid}/checkpoints/config", get(checkpoint_config))
+        .route("/jobs/{jid}/savepoints", post(trigger_savepoint))
+        .route("/jobs/{jid}/savepoints/{rid}", get(savepoint_status))
+        .route("/jobs/{jid}/stop", post(stop_job))
+        .route("/savepoint-disposal", post(dispose_savepoint))
+        .route("/savepoint-disposal/{rid}", get(disposal_status))
         .method_not_allowed_fallback(method_not_allowed);
     let router = Router::new()
         .nest("/v1", api.clone())
@@ -469,5 +475,190 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secret2"));
         assert!(!constant_time_eq(b"secret", b"secre"));
         assert!(!constant_time_eq(b"secret", b""));
+    }
+}
+
+/// The JSON object of a request body (`{}` when empty).
+fn json_body(body: &Bytes) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    let v: Value = serde_json::from_slice(body)?;
+    if !v.is_object() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "the request body must be a JSON object",
+        ));
+    }
+    Ok(v)
+}
+
+/// The savepoint directory a request names, else the job's `state.savepoints.dir`.
+fn savepoint_dir(status: &JobStatus, named: Option<&Value>) -> Result<PathBuf, ApiError> {
+    match named {
+        Some(Value::String(dir)) if !dir.is_empty() => {
+            Ok(PathBuf::from(dir.strip_prefix("file://").unwrap_or(dir)))
+        }
+        Some(Value::String(_)) | Some(Value::Null) | None => status
+            .view()
+            .config
+            .iter()
+            .find(|(k, v)| k == cairn::config::keys::SAVEPOINTS_DIR && !v.starts_with('('))
+            .map(|(_, v)| PathBuf::from(v))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "no target directory given and state.savepoints.dir is not set",
+                )
+            }),
+        Some(other) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the target directory must be a string, got {other}"),
+        )),
+    }
+}
+
+/// Requests a savepoint of a running job.
+fn request_savepoint(
+    registry: &JobRegistry,
+    jid: &str,
+    dir: Option<&Value>,
+    stop: bool,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let status = lookup(registry, jid)?;
+    if status.view().state.is_terminal() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("job {jid} has ended: no savepoint can be taken"),
+        ));
+    }
+    let dir = savepoint_dir(&status, dir)?;
+    let request_id = status.request_savepoint(dir, stop, true);
+    info!("savepoint {request_id} of job {jid} requested through the REST API (stop: {stop})");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "request-id": request_id })),
+    ))
+}
+
+/// `POST /jobs/:jid/savepoints` `{"target-directory": DIR, "cancel-job": BOOL}`; a savepoint
+/// that cancels the job is a stop-with-savepoint.
+async fn trigger_savepoint(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Path(jid) = jid?;
+    let body = json_body(&body?)?;
+    let stop = match body.get("cancel-job") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("cancel-job must be true or false, got {other}"),
+            ))
+        }
+    };
+    request_savepoint(&registry, &jid, body.get("target-directory"), stop)
+}
+
+/// `POST /jobs/:jid/stop` `{"targetDirectory": DIR, "drain": BOOL}`: stop-with-savepoint.
+async fn stop_job(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Path(jid) = jid?;
+    let body = json_body(&body?)?;
+    if body.get("drain").is_some_and(|d| d == &Value::Bool(true)) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "stop with drain is not supported: cairn has no event time to advance to the end yet",
+        ));
+    }
+    request_savepoint(&registry, &jid, body.get("targetDirectory"), true)
+}
+
+/// `GET /jobs/:jid/savepoints/:rid`: Flink's asynchronous operation result.
+async fn savepoint_status(
+    State(registry): State<JobRegistry>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path((jid, rid)) = ids?;
+    let status = lookup(&registry, &jid)?;
+    let view = status.view();
+    let Some(sp) = view.savepoints.iter().find(|s| s.request_id == rid) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("job {jid} has no savepoint request {rid}"),
+        ));
+    };
+    // A stop-with-savepoint completes when the job finished, not before.
+    let finished = view.state == cairn::runtime::JobState::Finished;
+    match &sp.state {
+        SavepointState::Completed { .. } if sp.stop && !finished => {
+            Ok(Json(json!({"status": {"id": "IN_PROGRESS"}})))
+        }
+        SavepointState::InProgress => Ok(Json(json!({"status": {"id": "IN_PROGRESS"}}))),
+        SavepointState::Completed { location } => {
+            status.savepoint_reported(&rid);
+            Ok(Json(json!({
+                "status": {"id": "COMPLETED"},
+                "operation": {"location": location},
+            })))
+        }
+        SavepointState::Failed { cause } => {
+            status.savepoint_reported(&rid);
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("savepoint {rid} of job {jid} failed: {cause}"),
+            ))
+        }
+    }
+}
+
+/// `POST /savepoint-disposal` `{"savepoint-path": PATH}`: deletes a savepoint.
+async fn dispose_savepoint(
+    State(registry): State<JobRegistry>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let body = json_body(&body?)?;
+    let Some(Value::String(path)) = body.get("savepoint-path") else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            r#"expected {"savepoint-path": PATH}"#,
+        ));
+    };
+    let path = PathBuf::from(path.strip_prefix("file://").unwrap_or(path));
+    let request_id = format!("{:032x}", fastrand::u128(..));
+    let result = tokio::task::spawn_blocking(move || cairn::checkpoint::dispose_savepoint(&path))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    registry.disposal_ended(request_id.clone(), result.err());
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "request-id": request_id })),
+    ))
+}
+
+/// `GET /savepoint-disposal/:rid`.
+async fn disposal_status(
+    State(registry): State<JobRegistry>,
+    rid: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(rid) = rid?;
+    match registry.disposal(&rid) {
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no savepoint disposal {rid}"),
+        )),
+        Some(None) => Ok(Json(
+            json!({"status": {"id": "COMPLETED"}, "operation": {}}),
+        )),
+        Some(Some(cause)) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("savepoint disposal failed: {cause}"),
+        )),
     }
 }

@@ -48,6 +48,8 @@ pub mod keys {
     pub const STATE_BACKEND: &str = "state.backend.type";
     /// `state.checkpoints.dir`: where completed checkpoints are stored (local path or `file://` URI).
     pub const CHECKPOINTS_DIR: &str = "state.checkpoints.dir";
+    /// Default target directory of savepoints.
+    pub const SAVEPOINTS_DIR: &str = "state.savepoints.dir";
     /// `state.checkpoints.num-retained`: how many completed checkpoints are kept.
     pub const NUM_RETAINED: &str = "state.checkpoints.num-retained";
     /// `state.backend.incremental`: write incremental checkpoints where the backend supports it.
@@ -102,6 +104,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::ALIGNED_CHECKPOINT_TIMEOUT,
     keys::STATE_BACKEND,
     keys::CHECKPOINTS_DIR,
+    keys::SAVEPOINTS_DIR,
     keys::NUM_RETAINED,
     keys::INCREMENTAL,
     keys::RESTART_STRATEGY,
@@ -570,6 +573,8 @@ pub struct JobConfig {
     pub state_backend: StateBackendKind,
     /// `state.checkpoints.dir` (plain path or `file://` URI; default unset).
     pub checkpoints_dir: Option<PathBuf>,
+    /// `state.savepoints.dir`: where savepoints go when a request names no directory.
+    pub savepoints_dir: Option<PathBuf>,
     /// `state.checkpoints.num-retained` (default 1, >= 1).
     pub num_retained: u32,
     /// `state.backend.incremental` (default false).
@@ -598,6 +603,7 @@ impl Default for JobConfig {
             aligned_checkpoint_timeout: Duration::ZERO,
             state_backend: StateBackendKind::HashMap,
             checkpoints_dir: None,
+            savepoints_dir: None,
             num_retained: 1,
             incremental: false,
             restart_strategy: None,
@@ -723,6 +729,7 @@ impl JobConfig {
             keys::ALIGNED_CHECKPOINT_TIMEOUT => self.aligned_checkpoint_timeout = p.duration()?,
             keys::STATE_BACKEND => self.state_backend = p.parse_enum("hashmap or rocksdb")?,
             keys::CHECKPOINTS_DIR => self.checkpoints_dir = Some(p.checkpoint_dir()?),
+            keys::SAVEPOINTS_DIR => self.savepoints_dir = Some(p.checkpoint_dir()?),
             keys::NUM_RETAINED => self.num_retained = p.u32_min(1)?,
             keys::INCREMENTAL => self.incremental = p.bool()?,
             keys::RESTART_STRATEGY => {
@@ -875,6 +882,10 @@ impl JobConfig {
                         Some(p) => p.display().to_string(),
                         None => "(not set)".to_string(),
                     },
+                    keys::SAVEPOINTS_DIR => match &self.savepoints_dir {
+                        Some(p) => p.display().to_string(),
+                        None => "(not set)".to_string(),
+                    },
                     keys::NUM_RETAINED => self.num_retained.to_string(),
                     keys::INCREMENTAL => self.incremental.to_string(),
                     keys::RESTART_STRATEGY => restart.type_name().to_string(),
@@ -915,7 +926,7 @@ fn expected_for(key: &str) -> &'static str {
         keys::TOLERABLE_FAILED_CHECKPOINTS | keys::FIXED_DELAY_ATTEMPTS => "a non-negative integer",
         keys::UNALIGNED_ENABLED | keys::UNALIGNED_ALIAS | keys::INCREMENTAL => "true or false",
         keys::STATE_BACKEND => "hashmap or rocksdb",
-        keys::CHECKPOINTS_DIR => "a local directory path or a file:// URI",
+        keys::CHECKPOINTS_DIR | keys::SAVEPOINTS_DIR => "a local directory path or a file:// URI",
         keys::RESTART_STRATEGY => {
             "one of none, off, disable, fixed-delay, failure-rate, exponential-delay"
         }
@@ -1464,6 +1475,7 @@ mod tests {
             aligned_checkpoint_timeout: secs(30),
             state_backend: StateBackendKind::RocksDb,
             checkpoints_dir: Some(PathBuf::from("/var/cairn/ckpt")),
+            savepoints_dir: None,
             num_retained: 5,
             incremental: true,
             restart_strategy: Some(RestartStrategyConfig::fixed_delay_defaults()),

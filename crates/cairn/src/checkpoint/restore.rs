@@ -48,6 +48,46 @@ impl LoadedCheckpoint {
         self.metadata.checkpoint_id
     }
 
+    /// Per old subtask of operator `uid`: its states as `kind 'name' (bytes)`, for people.
+    pub fn describe_operator(&self, uid: &str) -> Vec<(u32, String)> {
+        let Some(subtasks) = self.states.get(uid) else {
+            return Vec::new();
+        };
+        subtasks
+            .iter()
+            .map(|(subtask, data)| {
+                let mut parts: Vec<String> = data
+                    .keyed
+                    .iter()
+                    .map(|t| {
+                        let bytes: usize = t.groups.iter().map(|(_, b)| b.len()).sum();
+                        format!(
+                            "keyed '{}' ({} key groups, {bytes} B)",
+                            t.name,
+                            t.groups.len()
+                        )
+                    })
+                    .collect();
+                parts.extend(data.operator.iter().map(|(name, entries)| {
+                    let bytes: usize = entries.iter().map(Vec::len).sum();
+                    format!("list '{name}' ({} entries, {bytes} B)", entries.len())
+                }));
+                if let Some(ch) = &data.channel {
+                    let bytes: usize = ch
+                        .channels
+                        .iter()
+                        .flat_map(|(_, b)| b.iter().map(Vec::len))
+                        .sum();
+                    parts.push(format!("in-flight data ({bytes} B)"));
+                }
+                if parts.is_empty() {
+                    parts.push("empty".into());
+                }
+                (*subtask, parts.join(", "))
+            })
+            .collect()
+    }
+
     /// Uids of the operators with state.
     pub fn uids(&self) -> impl Iterator<Item = &str> {
         self.states.keys().map(|s| s.as_str())
@@ -693,4 +733,20 @@ mod tests {
             assert_eq!(e, format!("memory:/job/chk-3/_metadata: {message}"));
         }
     }
+}
+
+/// Deletes the savepoint in directory `path`, after checking that it is one (a self-contained
+/// directory whose `_metadata` reads; a checkpoint inside a job's directory is the job's, not
+/// the user's, and is refused).
+pub fn dispose_savepoint(path: &Path) -> Result<(), String> {
+    let (c, _) = load_from_path(path)?;
+    if !c.self_contained {
+        return Err(format!(
+            "{} is a checkpoint of job {}, not a savepoint; it is deleted by retention",
+            path.display(),
+            c.metadata.job_id
+        ));
+    }
+    let dir = c.storage_root.unwrap_or_else(|| path.to_path_buf());
+    std::fs::remove_dir_all(&dir).map_err(|e| format!("cannot delete {}: {e}", dir.display()))
 }

@@ -72,6 +72,10 @@ pub struct SavepointStatus {
     pub stop: bool,
     /// Where it stands.
     pub state: SavepointState,
+    /// Someone outside the job master (a REST client) waits for the outcome.
+    pub watched: bool,
+    /// The outcome was handed to whoever waits for it.
+    pub reported: bool,
 }
 
 /// A request to the job master from outside it (REST API, command line, signal handler).
@@ -216,13 +220,17 @@ impl JobStatus {
 
     /// Asks the job master for a savepoint under `target_dir` (and then to stop, when `stop`);
     /// returns the request id to follow it by ([`JobStatusView::savepoints`]).
-    pub fn request_savepoint(&self, target_dir: PathBuf, stop: bool) -> String {
+    /// `watched`: a client will fetch the outcome ([`JobStatus::savepoint_reported`]), so an
+    /// embedded run keeps answering until it did.
+    pub fn request_savepoint(&self, target_dir: PathBuf, stop: bool, watched: bool) -> String {
         let request_id = format!("{:032x}", fastrand::u128(..));
         self.update(|v| {
             v.savepoints.push(SavepointStatus {
                 request_id: request_id.clone(),
                 stop,
                 state: SavepointState::InProgress,
+                watched,
+                reported: false,
             })
         });
         let command = JobCommand::Savepoint {
@@ -252,6 +260,23 @@ impl JobStatus {
                 s.state = state;
             }
         });
+    }
+
+    /// The outcome of savepoint request `request_id` was handed to the client waiting for it.
+    pub fn savepoint_reported(&self, request_id: &str) {
+        self.update(|v| {
+            if let Some(s) = v.savepoints.iter_mut().find(|s| s.request_id == request_id) {
+                s.reported = true;
+            }
+        });
+    }
+
+    /// Whether every savepoint outcome a client waits for was handed to it.
+    pub fn savepoints_reported(&self) -> bool {
+        self.view()
+            .savepoints
+            .iter()
+            .all(|s| !s.watched || s.reported || s.state == SavepointState::InProgress)
     }
 
     /// Asks the job to cancel.

@@ -627,10 +627,16 @@ impl World {
         }
         for (request, outcome) in self.master.drain_savepoint_outcomes() {
             let Some((dir, stop)) = self.savepoint_requests.get(&request).cloned() else {
-                return self.violate(format!("an outcome for unknown savepoint request {request}"));
+                return self.violate(format!(
+                    "an outcome for unknown savepoint request {request}"
+                ));
             };
             if let SavepointOutcome::Completed { id, .. } = outcome {
-                self.count(if stop { "stop savepoints" } else { "savepoints" });
+                self.count(if stop {
+                    "stop savepoints"
+                } else {
+                    "savepoints"
+                });
                 let path = format!("{dir}/_metadata");
                 if !self.savepoint_target.exists(&path).unwrap_or(false) {
                     return self.violate(format!("savepoint {id} completed without {path}"));

@@ -297,15 +297,13 @@ impl<'a> JobMaster<'a> {
         let mut infos = Vec::new();
         for &(r, attempt) in regions {
             let mask = region_mask(&self.regions[r], total);
-            let d = self
-                .deployer
-                .deploy(
-                    self.executor,
-                    self.restored.as_ref(),
-                    &mask,
-                    attempt,
-                    sources_stopped,
-                )?;
+            let d = self.deployer.deploy(
+                self.executor,
+                self.restored.as_ref(),
+                &mask,
+                attempt,
+                sources_stopped,
+            )?;
             for t in d.infos() {
                 infos.push(t.info.clone());
                 let index = t.info.index;
