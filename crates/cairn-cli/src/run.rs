@@ -368,6 +368,7 @@ impl JobFactory for BuiltinJobs {
             config,
             inject,
             inject_target: cairn::runtime::InjectTarget(parsed.args.inject_uid.clone()),
+            restore: restore_from(parsed.args.from.as_deref())?,
         })
     }
 }
@@ -385,12 +386,7 @@ fn expected_records(args: &RunArgs, input: &WordInput) -> Result<u64> {
 
 pub fn run(args: RunArgs) -> Result<()> {
     let (graph, config, input) = build_job(&args)?;
-    let restore = match args.from.as_deref() {
-        None => None,
-        Some("latest") => Some(RestoreFrom::Latest),
-        Some("") => bail!("--from needs a checkpoint path or 'latest'"),
-        Some(p) => Some(RestoreFrom::Path(PathBuf::from(p))),
-    };
+    let restore = restore_from(args.from.as_deref()).map_err(|e| anyhow!(e))?;
     let expected_records = expected_records(&args, &input)?;
 
     // The job master fills in the job id once it knows it (it may adopt a restored one).
@@ -454,6 +450,16 @@ pub fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `--from`: a checkpoint or savepoint path, or `latest`.
+fn restore_from(from: Option<&str>) -> std::result::Result<Option<RestoreFrom>, String> {
+    match from {
+        None => Ok(None),
+        Some("latest") => Ok(Some(RestoreFrom::Latest)),
+        Some("") => Err("--from needs a checkpoint or savepoint path, or 'latest'".into()),
+        Some(p) => Ok(Some(RestoreFrom::Path(PathBuf::from(p)))),
+    }
 }
 
 /// How long an embedded run keeps its REST API up after the job ended, for a client to fetch

@@ -273,3 +273,137 @@ fn savepoint_and_stop_from_the_command_line() {
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("does not exist"));
 }
+
+/// A coordinator and two workers with two slots each; returns them and the REST URL.
+fn cluster(ck: &Path) -> (Watched, Vec<Watched>, String) {
+    let mut coordinator = Watched::spawn(
+        cairn()
+            .args([
+                "coordinator",
+                "--bind",
+                "127.0.0.1:0",
+                "--rest",
+                "127.0.0.1:0",
+                "--checkpoint-dir",
+            ])
+            .arg(ck),
+    );
+    let line = coordinator.wait_for_line(
+        "coordinator listening for workers on ",
+        Instant::now() + DEADLINE,
+    );
+    let (workers, rest) = line
+        .split_once(", REST API on ")
+        .unwrap_or_else(|| panic!("unexpected line {line:?}"));
+    let workers: Vec<Watched> = (0..2)
+        .map(|_| {
+            Watched::spawn(cairn().args([
+                "worker",
+                "--coordinator",
+                workers.trim(),
+                "--slots",
+                "2",
+            ]))
+        })
+        .collect();
+    (coordinator, workers, rest.trim().to_string())
+}
+
+fn job_state(rest: &str, jid: &str) -> String {
+    let out = common::run_ok(cairn().args(["status", jid, "--rest", rest]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("state")
+                .map(|s| s.trim_start_matches([' ', ':']).trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no state in {text}"))
+}
+
+/// Submits wordcount to the cluster; returns the job id.
+fn submit(rest: &str, out: &Path, parallelism: u32, from: Option<&Path>, rate: &str) -> String {
+    let mut cmd = cairn();
+    cmd.args([
+        "submit",
+        "--rest",
+        rest,
+        "wordcount",
+        "--generate",
+        &WORDS.to_string(),
+        "--keys",
+        &KEYS.to_string(),
+        "--rate",
+        rate,
+        "--checkpoint-interval",
+        "200ms",
+        "-p",
+        &parallelism.to_string(),
+        "--output",
+    ])
+    .arg(out);
+    if let Some(from) = from {
+        cmd.arg("--from").arg(from);
+    }
+    let o = common::run_ok(&mut cmd);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Waits until job `jid` completed a checkpoint under `ck`, then stops it with a savepoint.
+fn stop_after_a_checkpoint(rest: &str, ck: &Path, jid: &str, sp: &Path) -> PathBuf {
+    let until = Instant::now() + DEADLINE;
+    while !std::fs::read_dir(ck.join(jid))
+        .is_ok_and(|d| d.flatten().any(|e| e.path().join("_metadata").is_file()))
+    {
+        assert_ne!(job_state(rest, jid), "FAILED");
+        assert!(
+            Instant::now() < until,
+            "job {jid} completed no checkpoint in time"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = common::run_ok(
+        cairn()
+            .args(["stop", jid, "--savepoint-dir"])
+            .arg(sp)
+            .args(["--rest", rest]),
+    );
+    assert_eq!(job_state(rest, jid), "FINISHED");
+    stored_at(&out)
+}
+
+/// In cluster mode: stop with a savepoint, resume at 4, stop, resume at 1 to the end.
+#[test]
+fn cluster_stop_and_resume_at_other_parallelisms_is_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, out, sp) = (
+        dir.path().join("ck"),
+        dir.path().join("out"),
+        dir.path().join("sp"),
+    );
+    let (_coordinator, _workers, rest) = cluster(&ck);
+    let first = submit(&rest, &out, 2, None, RATE);
+    let sp1 = stop_after_a_checkpoint(&rest, &ck, &first, &sp);
+    let after_first = committed_records(&out);
+    assert!(after_first > 0 && after_first < WORDS, "{after_first}");
+    let second = submit(&rest, &out, 4, Some(&sp1), RATE);
+    let sp2 = stop_after_a_checkpoint(&rest, &ck, &second, &sp);
+    assert!(committed_records(&out) < WORDS);
+    let third = submit(&rest, &out, 1, Some(&sp2), "0");
+    let until = Instant::now() + DEADLINE;
+    loop {
+        match job_state(&rest, &third).as_str() {
+            "FINISHED" => break,
+            "FAILED" | "CANCELED" => panic!("the last run failed"),
+            _ => assert!(Instant::now() < until, "the last run did not finish"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_exactly_once(&out, &generated_counts(WORDS, KEYS));
+    assert_no_leftovers(&out);
+}

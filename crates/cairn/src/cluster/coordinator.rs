@@ -153,6 +153,8 @@ impl Coordinator {
         job_id: Option<String>,
     ) -> Result<Arc<JobStatus>, String> {
         let built = self.inner.opts.factory.build(job, args)?;
+        // A resumed job continues from its latest checkpoint; a new one from its `--from`.
+        let restore = restore.or(built.restore);
         let (graph, mut config) = (built.graph, built.config);
         config.checkpoints_dir = Some(self.inner.opts.checkpoint_dir.clone());
         if config.checkpoint_interval.is_none() {

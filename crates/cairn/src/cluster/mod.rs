@@ -21,7 +21,7 @@ pub mod worker;
 
 use crate::api::JobGraph;
 use crate::config::JobConfig;
-use crate::runtime::{InjectSpec, InjectTarget};
+use crate::runtime::{InjectSpec, InjectTarget, RestoreFrom};
 
 /// A job built from its name and flags.
 pub struct BuiltJob {
@@ -34,6 +34,8 @@ pub struct BuiltJob {
     pub inject: Option<InjectSpec>,
     /// Which tasks failures go to.
     pub inject_target: InjectTarget,
+    /// What to start from (`--from PATH|latest`), if anything.
+    pub restore: Option<RestoreFrom>,
 }
 
 /// Builds a job by name from `cairn run`-style flags, in every process of a cluster.
