@@ -93,6 +93,9 @@ pub struct RunArgs {
     /// Serve Flink's REST API (jobs, checkpoints, cancel) while the job runs: HOST:PORT, or PORT on 127.0.0.1.
     #[arg(long, value_name = "ADDR")]
     rest: Option<String>,
+    /// Start from a savepoint or checkpoint that holds state of operators this job does not have; that state is dropped (execution.state-recovery.ignore-unclaimed-state).
+    #[arg(long, requires = "from")]
+    allow_non_restored_state: bool,
     /// On Ctrl-C or SIGTERM, stop with a savepoint under DIR (a second signal cancels): sources
     /// stop, the savepoint is taken, sinks commit everything before it, and the job ends
     /// FINISHED; `--from` the printed path continues exactly once.
@@ -137,6 +140,9 @@ fn build_config(args: &RunArgs) -> Result<JobConfig> {
     }
     if let Some(n) = args.max_concurrent_checkpoints {
         pairs.push((keys::MAX_CONCURRENT_CHECKPOINTS.into(), n.to_string()));
+    }
+    if args.allow_non_restored_state {
+        pairs.push((keys::IGNORE_UNCLAIMED_STATE.into(), "true".into()));
     }
     config.set_all(pairs)?;
     // `--checkpoint-dir` alone means "checkpoint there": every 1s, unless an interval is set by

@@ -407,3 +407,46 @@ fn cluster_stop_and_resume_at_other_parallelisms_is_exactly_once() {
     assert_exactly_once(&out, &generated_counts(WORDS, KEYS));
     assert_no_leftovers(&out);
 }
+
+/// Operators are matched by uid: a job without some of the savepoint's operators is refused,
+/// naming them, unless `--allow-non-restored-state`; its new operators start empty.
+#[test]
+fn a_changed_job_needs_allow_non_restored_state_for_operators_it_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let sp = run_and_stop(
+        &dir.path().join("out"),
+        &dir.path().join("ck1"),
+        &dir.path().join("sp"),
+        2,
+        None,
+    );
+    // `backpressure` has a sink with uid "sink" too, but neither "source" nor "count".
+    let other = |extra: &[&str]| {
+        cairn()
+            .args(["run", "backpressure", "--generate", "2000", "--discard"])
+            .arg("--checkpoint-dir")
+            .arg(dir.path().join("ck2"))
+            .arg("--from")
+            .arg(&sp)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let refused = other(&[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error:")
+            && last.contains("count, source")
+            && last.contains("--allow-non-restored-state"),
+        "{stderr}"
+    );
+    let allowed = other(&["--allow-non-restored-state"]);
+    let stderr = String::from_utf8_lossy(&allowed.stderr);
+    assert!(allowed.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("dropping the state of operators the job does not have: count, source"),
+        "{stderr}"
+    );
+}

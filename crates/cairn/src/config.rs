@@ -54,6 +54,9 @@ pub mod keys {
     pub const NUM_RETAINED: &str = "state.checkpoints.num-retained";
     /// `state.backend.incremental`: write incremental checkpoints where the backend supports it.
     pub const INCREMENTAL: &str = "state.backend.incremental";
+    /// Restore although the checkpoint holds state of operators the job no longer has (that
+    /// state is dropped); `--allow-non-restored-state`.
+    pub const IGNORE_UNCLAIMED_STATE: &str = "execution.state-recovery.ignore-unclaimed-state";
     /// `restart-strategy.type`: `none`/`off`/`disable`, `fixed-delay`, `failure-rate` or `exponential-delay`.
     pub const RESTART_STRATEGY: &str = "restart-strategy.type";
     /// `restart-strategy.fixed-delay.attempts`.
@@ -107,6 +110,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::SAVEPOINTS_DIR,
     keys::NUM_RETAINED,
     keys::INCREMENTAL,
+    keys::IGNORE_UNCLAIMED_STATE,
     keys::RESTART_STRATEGY,
     keys::FIXED_DELAY_ATTEMPTS,
     keys::FIXED_DELAY_DELAY,
@@ -579,6 +583,8 @@ pub struct JobConfig {
     pub num_retained: u32,
     /// `state.backend.incremental` (default false).
     pub incremental: bool,
+    /// `execution.state-recovery.ignore-unclaimed-state` (default false).
+    pub ignore_unclaimed_state: bool,
     /// `restart-strategy.type` and sub-keys; `None` = not configured (see
     /// [`JobConfig::effective_restart_strategy`]).
     pub restart_strategy: Option<RestartStrategyConfig>,
@@ -606,6 +612,7 @@ impl Default for JobConfig {
             savepoints_dir: None,
             num_retained: 1,
             incremental: false,
+            ignore_unclaimed_state: false,
             restart_strategy: None,
             failover_strategy: FailoverStrategy::Region,
             parallelism: 1,
@@ -732,6 +739,7 @@ impl JobConfig {
             keys::SAVEPOINTS_DIR => self.savepoints_dir = Some(p.checkpoint_dir()?),
             keys::NUM_RETAINED => self.num_retained = p.u32_min(1)?,
             keys::INCREMENTAL => self.incremental = p.bool()?,
+            keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state = p.bool()?,
             keys::RESTART_STRATEGY => {
                 let chosen = RestartStrategyConfig::from_type_name(value)
                     .ok_or_else(|| p.invalid(expected_for(key)))?;
@@ -888,6 +896,7 @@ impl JobConfig {
                     },
                     keys::NUM_RETAINED => self.num_retained.to_string(),
                     keys::INCREMENTAL => self.incremental.to_string(),
+                    keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state.to_string(),
                     keys::RESTART_STRATEGY => restart.type_name().to_string(),
                     keys::FAILOVER_STRATEGY => self.failover_strategy.to_string(),
                     keys::PARALLELISM => self.parallelism.to_string(),
@@ -924,7 +933,10 @@ fn expected_for(key: &str) -> &'static str {
         | keys::FAILURE_RATE_MAX_FAILURES
         | keys::EXP_ATTEMPTS_BEFORE_RESET => "an integer >= 1",
         keys::TOLERABLE_FAILED_CHECKPOINTS | keys::FIXED_DELAY_ATTEMPTS => "a non-negative integer",
-        keys::UNALIGNED_ENABLED | keys::UNALIGNED_ALIAS | keys::INCREMENTAL => "true or false",
+        keys::UNALIGNED_ENABLED
+        | keys::UNALIGNED_ALIAS
+        | keys::INCREMENTAL
+        | keys::IGNORE_UNCLAIMED_STATE => "true or false",
         keys::STATE_BACKEND => "hashmap or rocksdb",
         keys::CHECKPOINTS_DIR | keys::SAVEPOINTS_DIR => "a local directory path or a file:// URI",
         keys::RESTART_STRATEGY => {

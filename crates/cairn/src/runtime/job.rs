@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::deploy::{barrier_kind, Deployer};
 pub use super::deploy::{
@@ -255,6 +255,22 @@ pub fn run_job_with(
                 "checkpoint {} was taken with max parallelism {}, the job has {}; key groups cannot be remapped",
                 c.location, c.metadata.max_parallelism, plan.max_parallelism
             )));
+        }
+        // Operators are matched by uid: new ones start empty; state of removed ones is an
+        // error unless the user lets it go.
+        let known: std::collections::BTreeSet<&str> =
+            graph.nodes().iter().map(|n| n.uid.as_str()).collect();
+        let mut unclaimed: Vec<&str> = c.uids().filter(|u| !known.contains(u)).collect();
+        unclaimed.sort_unstable();
+        if !unclaimed.is_empty() {
+            let list = unclaimed.join(", ");
+            if !config.ignore_unclaimed_state {
+                return Err(JobError::Restore(format!(
+                    "checkpoint {} holds state of operators the job does not have: {list}; pass --allow-non-restored-state (execution.state-recovery.ignore-unclaimed-state: true) to start without it",
+                    c.location
+                )));
+            }
+            warn!("dropping the state of operators the job does not have: {list}");
         }
     }
 
