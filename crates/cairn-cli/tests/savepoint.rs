@@ -450,3 +450,52 @@ fn a_changed_job_needs_allow_non_restored_state_for_operators_it_dropped() {
         "{stderr}"
     );
 }
+
+/// Checkpoint directories (`chk-*`) of any job under `ck` that completed.
+fn completed_checkpoints(ck: &Path) -> usize {
+    let Ok(jobs) = std::fs::read_dir(ck) else {
+        return 0;
+    };
+    jobs.flatten()
+        .filter_map(|j| std::fs::read_dir(j.path()).ok())
+        .flat_map(|d| d.flatten())
+        .filter(|e| e.path().join("_metadata").is_file())
+        .count()
+}
+
+/// Cancelling deletes the job's checkpoints (DELETE_ON_CANCELLATION), or keeps them with
+/// RETAIN_ON_CANCELLATION.
+#[test]
+fn cancelling_deletes_or_retains_checkpoints_as_configured() {
+    for (retention, kept) in [
+        ("DELETE_ON_CANCELLATION", false),
+        ("RETAIN_ON_CANCELLATION", true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = dir.path().join("ck");
+        let mut cmd = wordcount(&dir.path().join("out"), &ck, 2, None, RATE);
+        cmd.args(["--rest", "127.0.0.1:0", "-D"]).arg(format!(
+            "execution.checkpointing.externalized-checkpoint-retention={retention}"
+        ));
+        let mut run = Watched::spawn(&mut cmd);
+        let until = Instant::now() + DEADLINE;
+        let rest = run.rest_addr(until).to_string();
+        while !a_checkpoint_completed(&ck) {
+            run.assert_running();
+            assert!(Instant::now() < until, "no checkpoint completed in time");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let jid = first_job(&rest);
+        common::run_ok(cairn().args(["cancel", &jid, "--rest", &rest]));
+        let (status, stderr) = run.wait(until);
+        assert!(
+            !status.success() && stderr.contains("job cancelled"),
+            "{stderr}"
+        );
+        assert_eq!(
+            completed_checkpoints(&ck) > 0,
+            kept,
+            "{retention}: {stderr}"
+        );
+    }
+}

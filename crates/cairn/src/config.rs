@@ -57,6 +57,10 @@ pub mod keys {
     /// Restore although the checkpoint holds state of operators the job no longer has (that
     /// state is dropped); `--allow-non-restored-state`.
     pub const IGNORE_UNCLAIMED_STATE: &str = "execution.state-recovery.ignore-unclaimed-state";
+    /// Whether cancelling a job keeps its retained checkpoints: `DELETE_ON_CANCELLATION`
+    /// (default) or `RETAIN_ON_CANCELLATION`. A failed job always keeps them.
+    pub const CHECKPOINT_RETENTION: &str =
+        "execution.checkpointing.externalized-checkpoint-retention";
     /// `restart-strategy.type`: `none`/`off`/`disable`, `fixed-delay`, `failure-rate` or `exponential-delay`.
     pub const RESTART_STRATEGY: &str = "restart-strategy.type";
     /// `restart-strategy.fixed-delay.attempts`.
@@ -111,6 +115,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::NUM_RETAINED,
     keys::INCREMENTAL,
     keys::IGNORE_UNCLAIMED_STATE,
+    keys::CHECKPOINT_RETENTION,
     keys::RESTART_STRATEGY,
     keys::FIXED_DELAY_ATTEMPTS,
     keys::FIXED_DELAY_DELAY,
@@ -585,6 +590,9 @@ pub struct JobConfig {
     pub incremental: bool,
     /// `execution.state-recovery.ignore-unclaimed-state` (default false).
     pub ignore_unclaimed_state: bool,
+    /// `execution.checkpointing.externalized-checkpoint-retention: RETAIN_ON_CANCELLATION`
+    /// (default false: a cancelled job's checkpoints are deleted).
+    pub retain_on_cancellation: bool,
     /// `restart-strategy.type` and sub-keys; `None` = not configured (see
     /// [`JobConfig::effective_restart_strategy`]).
     pub restart_strategy: Option<RestartStrategyConfig>,
@@ -613,6 +621,7 @@ impl Default for JobConfig {
             num_retained: 1,
             incremental: false,
             ignore_unclaimed_state: false,
+            retain_on_cancellation: false,
             restart_strategy: None,
             failover_strategy: FailoverStrategy::Region,
             parallelism: 1,
@@ -740,6 +749,13 @@ impl JobConfig {
             keys::NUM_RETAINED => self.num_retained = p.u32_min(1)?,
             keys::INCREMENTAL => self.incremental = p.bool()?,
             keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state = p.bool()?,
+            keys::CHECKPOINT_RETENTION => {
+                self.retain_on_cancellation = match value.trim().to_ascii_uppercase().as_str() {
+                    "RETAIN_ON_CANCELLATION" => true,
+                    "DELETE_ON_CANCELLATION" => false,
+                    _ => return Err(p.invalid(expected_for(key))),
+                }
+            }
             keys::RESTART_STRATEGY => {
                 let chosen = RestartStrategyConfig::from_type_name(value)
                     .ok_or_else(|| p.invalid(expected_for(key)))?;
@@ -897,6 +913,12 @@ impl JobConfig {
                     keys::NUM_RETAINED => self.num_retained.to_string(),
                     keys::INCREMENTAL => self.incremental.to_string(),
                     keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state.to_string(),
+                    keys::CHECKPOINT_RETENTION => if self.retain_on_cancellation {
+                        "RETAIN_ON_CANCELLATION"
+                    } else {
+                        "DELETE_ON_CANCELLATION"
+                    }
+                    .to_string(),
                     keys::RESTART_STRATEGY => restart.type_name().to_string(),
                     keys::FAILOVER_STRATEGY => self.failover_strategy.to_string(),
                     keys::PARALLELISM => self.parallelism.to_string(),
@@ -943,6 +965,7 @@ fn expected_for(key: &str) -> &'static str {
             "one of none, off, disable, fixed-delay, failure-rate, exponential-delay"
         }
         keys::FAILOVER_STRATEGY => "full or region",
+        keys::CHECKPOINT_RETENTION => "DELETE_ON_CANCELLATION or RETAIN_ON_CANCELLATION",
         keys::MAX_PARALLELISM => "an integer between 1 and 32768",
         keys::EXP_BACKOFF_MULTIPLIER => "a number >= 1.0",
         keys::EXP_JITTER_FACTOR => "a number between 0.0 and 1.0",

@@ -231,6 +231,17 @@ impl CheckpointCoordinator {
         self.savepoints_commit = true;
     }
 
+    /// The job was cancelled and keeps no checkpoints: deletes every checkpoint directory of
+    /// the job (savepoints live elsewhere and stay).
+    pub fn delete_checkpoints(&mut self) {
+        self.retained.clear();
+        for name in self.storage.list(&self.job_id).unwrap_or_default() {
+            if let Some(id) = parse_checkpoint_dir(&name) {
+                self.remove_dir(id);
+            }
+        }
+    }
+
     /// Fails every savepoint not taken yet (the job is ending, or cannot take one now).
     pub fn fail_queued_savepoints(&mut self, reason: &str) {
         for r in std::mem::take(&mut self.savepoint_queue) {

@@ -315,12 +315,18 @@ impl MasterCore {
         out
     }
 
-    /// A cancellation was requested: everything is cancelled and the job ends CANCELED.
-    pub(crate) fn cancel(&mut self) {
+    /// A cancellation was requested: everything is cancelled and the job ends CANCELED; its
+    /// checkpoints are deleted unless `retain_checkpoints`.
+    pub(crate) fn cancel(&mut self, retain_checkpoints: bool) {
         if self.outcome.is_some() {
             return;
         }
         self.cancel_all();
+        if !retain_checkpoints {
+            if let Some(c) = &mut self.coordinator {
+                c.delete_checkpoints();
+            }
+        }
         self.state = JobState::Canceled;
         self.outcome = Some(Outcome::Canceled);
     }

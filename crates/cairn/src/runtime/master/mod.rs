@@ -156,7 +156,8 @@ impl<'a> JobMaster<'a> {
             self.perform(now);
             self.take_commands();
             if self.core.outcome().is_none() && self.status.cancel_requested() {
-                self.core.cancel();
+                self.core
+                    .cancel(self.deployer.config.retain_on_cancellation);
                 self.perform(now);
             }
             if let Some(outcome) = self.core.outcome().cloned() {
