@@ -1513,6 +1513,8 @@ mod tests {
             savepoints_dir: None,
             num_retained: 5,
             incremental: true,
+            ignore_unclaimed_state: false,
+            retain_on_cancellation: false,
             restart_strategy: Some(RestartStrategyConfig::fixed_delay_defaults()),
             failover_strategy: FailoverStrategy::Full,
             parallelism: 8,

@@ -486,6 +486,22 @@ pub fn list_checkpoints(storage: &dyn CheckpointStorage) -> Result<Vec<Checkpoin
     Ok(out)
 }
 
+/// Deletes the savepoint in directory `path`, after checking that it is one (a self-contained
+/// directory whose `_metadata` reads; a checkpoint inside a job's directory is the job's, not
+/// the user's, and is refused).
+pub fn dispose_savepoint(path: &Path) -> Result<(), String> {
+    let (c, _) = load_from_path(path)?;
+    if !c.self_contained {
+        return Err(format!(
+            "{} is a checkpoint of job {}, not a savepoint; it is deleted by retention",
+            path.display(),
+            c.metadata.job_id
+        ));
+    }
+    let dir = c.storage_root.unwrap_or_else(|| path.to_path_buf());
+    std::fs::remove_dir_all(&dir).map_err(|e| format!("cannot delete {}: {e}", dir.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -733,20 +749,4 @@ mod tests {
             assert_eq!(e, format!("memory:/job/chk-3/_metadata: {message}"));
         }
     }
-}
-
-/// Deletes the savepoint in directory `path`, after checking that it is one (a self-contained
-/// directory whose `_metadata` reads; a checkpoint inside a job's directory is the job's, not
-/// the user's, and is refused).
-pub fn dispose_savepoint(path: &Path) -> Result<(), String> {
-    let (c, _) = load_from_path(path)?;
-    if !c.self_contained {
-        return Err(format!(
-            "{} is a checkpoint of job {}, not a savepoint; it is deleted by retention",
-            path.display(),
-            c.metadata.job_id
-        ));
-    }
-    let dir = c.storage_root.unwrap_or_else(|| path.to_path_buf());
-    std::fs::remove_dir_all(&dir).map_err(|e| format!("cannot delete {}: {e}", dir.display()))
 }
