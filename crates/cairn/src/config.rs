@@ -2164,6 +2164,9 @@ mod tests {
         let defaults = JobConfig::default().describe();
         let mut again = JobConfig::default();
         for (k, v) in &described {
+            if v == "(not set)" {
+                continue;
+            }
             again.set(k, v).unwrap();
         }
         assert_eq!(again, c);
