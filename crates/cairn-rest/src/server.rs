@@ -575,16 +575,11 @@ async fn savepoint_status(
     // A stop-with-savepoint completes when the job finished, not before.
     let finished = view.state == cairn::runtime::JobState::Finished;
     match &sp.state {
-        SavepointState::Completed { .. } if sp.stop && !finished => {
-            Ok(Json(json!({"status": {"id": "IN_PROGRESS"}})))
-        }
-        SavepointState::InProgress => Ok(Json(json!({"status": {"id": "IN_PROGRESS"}}))),
+        SavepointState::Completed { .. } if sp.stop && !finished => Ok(in_progress()),
+        SavepointState::InProgress => Ok(in_progress()),
         SavepointState::Completed { location } => {
             status.savepoint_reported(&rid);
-            Ok(Json(json!({
-                "status": {"id": "COMPLETED"},
-                "operation": {"location": location},
-            })))
+            Ok(completed(json!({ "location": location })))
         }
         SavepointState::Failed { cause } => {
             status.savepoint_reported(&rid);
@@ -594,6 +589,16 @@ async fn savepoint_status(
             ))
         }
     }
+}
+
+/// Flink's answer for an asynchronous operation still running.
+fn in_progress() -> Json<Value> {
+    Json(json!({"status": {"id": "IN_PROGRESS"}}))
+}
+
+/// Flink's answer for an asynchronous operation that completed with `operation`.
+fn completed(operation: Value) -> Json<Value> {
+    Json(json!({"status": {"id": "COMPLETED"}, "operation": operation}))
 }
 
 /// `POST /savepoint-disposal` `{"savepoint-path": PATH}`: deletes a savepoint.
@@ -609,7 +614,7 @@ async fn dispose_savepoint(
         ));
     };
     let path = PathBuf::from(path.strip_prefix("file://").unwrap_or(path));
-    let request_id = format!("{:032x}", fastrand::u128(..));
+    let request_id = cairn::runtime::status::new_request_id();
     let result = tokio::task::spawn_blocking(move || cairn::checkpoint::dispose_savepoint(&path))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
@@ -631,9 +636,7 @@ async fn disposal_status(
             StatusCode::NOT_FOUND,
             format!("no savepoint disposal {rid}"),
         )),
-        Some(None) => Ok(Json(
-            json!({"status": {"id": "COMPLETED"}, "operation": {}}),
-        )),
+        Some(None) => Ok(completed(json!({}))),
         Some(Some(cause)) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("savepoint disposal failed: {cause}"),

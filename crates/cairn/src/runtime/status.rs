@@ -89,6 +89,11 @@ pub enum JobCommand {
     },
 }
 
+/// A new id for an asynchronous request (Flink's trigger ids: 32 hex digits).
+pub fn new_request_id() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
 /// What observers can see of a job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobStatusView {
@@ -223,7 +228,7 @@ impl JobStatus {
     /// `watched`: a client will fetch the outcome ([`JobStatus::savepoint_reported`]), so an
     /// embedded run keeps answering until it did.
     pub fn request_savepoint(&self, target_dir: PathBuf, stop: bool, watched: bool) -> String {
-        let request_id = format!("{:032x}", fastrand::u128(..));
+        let request_id = new_request_id();
         self.update(|v| {
             v.savepoints.push(SavepointStatus {
                 request_id: request_id.clone(),
