@@ -146,6 +146,12 @@ fn info(path: &Path) -> Result<()> {
             op.parallelism,
             op.subtasks.len()
         );
+        for st in &op.states {
+            println!(
+                "  state '{}': {} state, serializer {} v{} of {}",
+                st.name, st.kind, st.serializer.id, st.serializer.version, st.serializer.type_name
+            );
+        }
         for (subtask, states) in c.describe_operator(&op.uid) {
             println!("  subtask {subtask}: {states}");
         }

@@ -239,7 +239,13 @@ fn savepoint_and_stop_from_the_command_line() {
     for uid in ["source", "count"] {
         assert!(info.contains(&format!("operator '{uid}'")), "{uid}: {info}");
     }
-    assert!(info.contains("keyed '"), "{info}");
+    // Per state: name, kind and serializer, then each subtask's share.
+    assert!(
+        info.contains("  state 'count': value state, serializer cairn.serde-postcard v1 of u64"),
+        "{info}"
+    );
+    assert!(info.contains("operator list state 'splits'"), "{info}");
+    assert!(info.contains("value state 'count' of u64 ("), "{info}");
 
     let stopped = common::run_ok(
         cairn()
@@ -498,4 +504,87 @@ fn cancelling_deletes_or_retains_checkpoints_as_configured() {
             "{retention}: {stderr}"
         );
     }
+}
+
+/// Every file under `dir` (one level: a savepoint or checkpoint directory) with its bytes.
+fn files_of(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| (e.path(), std::fs::read(e.path()).unwrap()))
+        .collect()
+}
+
+/// The newest completed checkpoint directory under `ck`.
+fn newest_checkpoint(ck: &Path) -> PathBuf {
+    let mut dirs: Vec<(u64, PathBuf)> = std::fs::read_dir(ck)
+        .unwrap()
+        .flatten()
+        .filter_map(|j| std::fs::read_dir(j.path()).ok())
+        .flatten()
+        .flatten()
+        .filter(|d| d.path().join("_metadata").is_file())
+        .filter_map(|d| {
+            let name = d.file_name().to_string_lossy().into_owned();
+            Some((name.strip_prefix("chk-")?.parse().ok()?, d.path()))
+        })
+        .collect();
+    dirs.sort();
+    dirs.pop().expect("a completed checkpoint").1
+}
+
+/// `execution.state-recovery.claim-mode`: with `NO_CLAIM` (the default) a savepoint or a
+/// retained checkpoint a job starts from is never modified or deleted, however many
+/// checkpoints the job completes after it; with `CLAIM` it becomes the job's and is deleted
+/// once subsumed.
+#[test]
+fn no_claim_never_touches_the_snapshot_and_claim_deletes_it_once_subsumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ck1 = d.join("ck1");
+    let sp = run_and_stop(&d.join("out1"), &ck1, &d.join("sp"), 2, None);
+    // Every resume writes into the first run's output, where its sink's files are (the output
+    // itself is not what this test checks).
+    let resume = |ck: &Path, from: &Path, extra: &[&str]| {
+        let mut cmd = wordcount(&d.join("out1"), ck, 2, Some(from), "0");
+        cmd.args(extra);
+        let (status, stderr) = Watched::spawn(&mut cmd).wait(Instant::now() + DEADLINE);
+        assert!(status.success(), "{stderr}");
+        assert!(stderr.contains("restored from"), "{stderr}");
+        stderr
+    };
+
+    // NO_CLAIM from the savepoint: it is byte for byte what it was.
+    let savepoint = files_of(&sp);
+    resume(&d.join("ck2"), &sp, &[]);
+    assert_eq!(files_of(&sp), savepoint, "NO_CLAIM modified the savepoint");
+
+    // NO_CLAIM from a retained checkpoint in the same checkpoint directory: the new job takes
+    // its checkpoints under its own id, and retention never deletes the one it started from.
+    let chk = newest_checkpoint(&ck1);
+    let retained = files_of(&chk);
+    resume(&ck1, &chk, &[]);
+    assert_eq!(files_of(&chk), retained, "NO_CLAIM modified the checkpoint");
+    assert_ne!(newest_checkpoint(&ck1).parent(), chk.parent());
+
+    // CLAIM: the savepoint is the job's first retained checkpoint, deleted once subsumed.
+    let stderr = resume(
+        &d.join("ck4"),
+        &sp,
+        &["-D", "execution.state-recovery.claim-mode=CLAIM"],
+    );
+    assert!(stderr.contains("deleted the claimed snapshot"), "{stderr}");
+    assert!(!sp.exists(), "the claimed savepoint still exists");
+
+    let bad = wordcount(&d.join("out5"), &d.join("ck5"), 2, None, "0")
+        .args(["-D", "execution.state-recovery.claim-mode=MAYBE"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(
+        stderr.contains("execution.state-recovery.claim-mode")
+            && stderr.contains("NO_CLAIM or CLAIM"),
+        "{stderr}"
+    );
 }

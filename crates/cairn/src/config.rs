@@ -57,6 +57,10 @@ pub mod keys {
     /// Restore although the checkpoint holds state of operators the job no longer has (that
     /// state is dropped); `--allow-non-restored-state`.
     pub const IGNORE_UNCLAIMED_STATE: &str = "execution.state-recovery.ignore-unclaimed-state";
+    /// Who owns the snapshot a job is started from with `--from PATH`: `NO_CLAIM` (default: it
+    /// is never modified or deleted, and the job's first checkpoint is a full one) or `CLAIM`
+    /// (it becomes the job's first retained checkpoint and is deleted once subsumed).
+    pub const CLAIM_MODE: &str = "execution.state-recovery.claim-mode";
     /// Whether cancelling a job keeps its retained checkpoints: `DELETE_ON_CANCELLATION`
     /// (default) or `RETAIN_ON_CANCELLATION`. A failed job always keeps them.
     pub const CHECKPOINT_RETENTION: &str =
@@ -115,6 +119,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::NUM_RETAINED,
     keys::INCREMENTAL,
     keys::IGNORE_UNCLAIMED_STATE,
+    keys::CLAIM_MODE,
     keys::CHECKPOINT_RETENTION,
     keys::RESTART_STRATEGY,
     keys::FIXED_DELAY_ATTEMPTS,
@@ -590,6 +595,8 @@ pub struct JobConfig {
     pub incremental: bool,
     /// `execution.state-recovery.ignore-unclaimed-state` (default false).
     pub ignore_unclaimed_state: bool,
+    /// `execution.state-recovery.claim-mode: CLAIM` (default false: `NO_CLAIM`).
+    pub claim_restored: bool,
     /// `execution.checkpointing.externalized-checkpoint-retention: RETAIN_ON_CANCELLATION`
     /// (default false: a cancelled job's checkpoints are deleted).
     pub retain_on_cancellation: bool,
@@ -621,6 +628,7 @@ impl Default for JobConfig {
             num_retained: 1,
             incremental: false,
             ignore_unclaimed_state: false,
+            claim_restored: false,
             retain_on_cancellation: false,
             restart_strategy: None,
             failover_strategy: FailoverStrategy::Region,
@@ -749,6 +757,13 @@ impl JobConfig {
             keys::NUM_RETAINED => self.num_retained = p.u32_min(1)?,
             keys::INCREMENTAL => self.incremental = p.bool()?,
             keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state = p.bool()?,
+            keys::CLAIM_MODE => {
+                self.claim_restored = match value.trim().to_ascii_uppercase().as_str() {
+                    "CLAIM" => true,
+                    "NO_CLAIM" => false,
+                    _ => return Err(p.invalid(expected_for(key))),
+                }
+            }
             keys::CHECKPOINT_RETENTION => {
                 self.retain_on_cancellation = match value.trim().to_ascii_uppercase().as_str() {
                     "RETAIN_ON_CANCELLATION" => true,
@@ -913,6 +928,12 @@ impl JobConfig {
                     keys::NUM_RETAINED => self.num_retained.to_string(),
                     keys::INCREMENTAL => self.incremental.to_string(),
                     keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state.to_string(),
+                    keys::CLAIM_MODE => if self.claim_restored {
+                        "CLAIM"
+                    } else {
+                        "NO_CLAIM"
+                    }
+                    .to_string(),
                     keys::CHECKPOINT_RETENTION => if self.retain_on_cancellation {
                         "RETAIN_ON_CANCELLATION"
                     } else {
@@ -966,6 +987,7 @@ fn expected_for(key: &str) -> &'static str {
         }
         keys::FAILOVER_STRATEGY => "full or region",
         keys::CHECKPOINT_RETENTION => "DELETE_ON_CANCELLATION or RETAIN_ON_CANCELLATION",
+        keys::CLAIM_MODE => "NO_CLAIM or CLAIM",
         keys::MAX_PARALLELISM => "an integer between 1 and 32768",
         keys::EXP_BACKOFF_MULTIPLIER => "a number >= 1.0",
         keys::EXP_JITTER_FACTOR => "a number between 0.0 and 1.0",
@@ -1514,6 +1536,7 @@ mod tests {
             num_retained: 5,
             incremental: true,
             ignore_unclaimed_state: false,
+            claim_restored: false,
             retain_on_cancellation: false,
             restart_strategy: Some(RestartStrategyConfig::fixed_delay_defaults()),
             failover_strategy: FailoverStrategy::Full,

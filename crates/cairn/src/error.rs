@@ -21,6 +21,10 @@ pub enum TaskError {
     /// Anything else: user code, I/O, state, storage. The message names what failed.
     #[error("{0}")]
     Failed(String),
+    /// A failure no restart can fix, such as restored state the job cannot read (a state whose
+    /// kind or type changed): the job fails at once instead of restarting into it again.
+    #[error("{0}")]
+    Unrecoverable(String),
 }
 
 impl TaskError {
@@ -33,6 +37,7 @@ impl TaskError {
     pub fn context(self, what: impl Display) -> Self {
         match self {
             TaskError::Failed(m) => TaskError::Failed(format!("{what}: {m}")),
+            TaskError::Unrecoverable(m) => TaskError::Unrecoverable(format!("{what}: {m}")),
             other => other,
         }
     }

@@ -32,7 +32,9 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use functions::{CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction};
+pub use functions::{
+    CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction, ProcessFunction,
+};
 
 use crate::error::{TaskError, TaskResult};
 use crate::runtime::chain::{
@@ -46,8 +48,8 @@ pub use crate::runtime::graph::{
     EdgeOutput, EdgePartition, EdgeSpec, JobGraph, NodeKind, NodeSpec, SubtaskInit,
 };
 use crate::runtime::operators::{
-    CoProcessOp, FilterOp, FlatMapOp, IdentityOp, KeyedCoProcessOp, KeyedProcessOp, MapOp, Sink,
-    SinkContext, SinkOp, SinkOwner,
+    CoProcessOp, FilterOp, FlatMapOp, IdentityOp, KeyedCoProcessOp, KeyedProcessOp, MapOp,
+    ProcessOp, Sink, SinkContext, SinkOp, SinkOwner,
 };
 use crate::state::keygroup::stable_hash;
 use crate::state::{Key, KeyedContext};
@@ -281,6 +283,15 @@ impl<T: Data> DataStream<T> {
         f: impl Fn(T, &mut Collector<O>) + Clone + Send + Sync + 'static,
     ) -> DataStream<O> {
         self.one_input("flat_map", move |_| Ok(FlatMapOp(f.clone())))
+    }
+
+    /// Runs a process function with operator state (named lists of the subtask, split evenly
+    /// or given whole to every subtask when the job resumes at another parallelism).
+    pub fn process<O: Data>(self, f: impl ProcessFunction<T, O> + Sync) -> DataStream<O> {
+        self.one_input("process", move |init| {
+            let store = init.operator_state_store();
+            ProcessOp::new(init.uid.clone(), f.clone(), store)
+        })
     }
 
     /// Partitions the stream by key: records with equal keys go to the same subtask, whose

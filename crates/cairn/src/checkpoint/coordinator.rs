@@ -46,6 +46,18 @@ pub struct CheckpointSettings {
     pub barrier_kind: BarrierKind,
 }
 
+/// Deletes a claimed snapshot.
+pub type DisposeFn = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+/// A snapshot the job claimed, outside its own directory.
+struct ClaimedSnapshot {
+    /// Where it is, for log lines.
+    location: String,
+    /// Checkpoints completed since the job started from it.
+    newer: u32,
+    dispose: DisposeFn,
+}
+
 /// One subtask as the coordinator sees it.
 #[derive(Debug, Clone)]
 pub struct TaskInfo {
@@ -151,6 +163,8 @@ pub struct CheckpointCoordinator {
     savepoint_queue: VecDeque<SavepointRequest>,
     /// Savepoint requests that ended, not yet taken by the caller.
     savepoint_outcomes: Vec<(String, SavepointOutcome)>,
+    /// A snapshot outside the job's directory the job was started from in `CLAIM` mode.
+    claimed: Option<ClaimedSnapshot>,
     /// Planted bug (simulator tests only): intermediate savepoints commit side effects.
     #[cfg(test)]
     savepoints_commit: bool,
@@ -213,6 +227,7 @@ impl CheckpointCoordinator {
             savepoint_outcomes: Vec::new(),
             #[cfg(test)]
             savepoints_commit: false,
+            claimed: None,
             epoch_base,
         }
     }
@@ -232,9 +247,10 @@ impl CheckpointCoordinator {
     }
 
     /// The job was cancelled and keeps no checkpoints: deletes every checkpoint directory of
-    /// the job (savepoints live elsewhere and stay).
+    /// the job and a claimed snapshot (savepoints taken by the job live elsewhere and stay).
     pub fn delete_checkpoints(&mut self) {
         self.retained.clear();
+        self.dispose_claimed();
         for name in self.storage.list(&self.job_id).unwrap_or_default() {
             if let Some(id) = parse_checkpoint_dir(&name) {
                 self.remove_dir(id);
@@ -285,6 +301,26 @@ impl CheckpointCoordinator {
     pub fn adopt_retained(&mut self, id: u64) {
         if !self.retained.contains(&id) {
             self.retained.push_back(id);
+        }
+    }
+
+    /// Claims a snapshot outside the job's directory that the job was started from (`CLAIM`
+    /// mode): like a retained checkpoint, it is deleted — by `dispose` — once `num_retained`
+    /// newer checkpoints completed, or when a cancelled job deletes its checkpoints.
+    pub fn claim_external(&mut self, location: String, dispose: DisposeFn) {
+        self.claimed = Some(ClaimedSnapshot {
+            location,
+            newer: 0,
+            dispose,
+        });
+    }
+
+    fn dispose_claimed(&mut self) {
+        if let Some(c) = self.claimed.take() {
+            match (c.dispose)() {
+                Ok(()) => info!("deleted the claimed snapshot {}", c.location),
+                Err(e) => warn!("cannot delete the claimed snapshot {}: {e}", c.location),
+            }
         }
     }
 
@@ -650,6 +686,13 @@ impl CheckpointCoordinator {
         });
         self.retained.push_back(id);
         self.apply_retention();
+        let num_retained = self.settings.num_retained.max(1);
+        if let Some(c) = &mut self.claimed {
+            c.newer += 1;
+            if c.newer >= num_retained {
+                self.dispose_claimed();
+            }
+        }
     }
 
     fn savepoint_failed(&mut self, sp: SavepointRequest, reason: String) {
@@ -669,7 +712,8 @@ impl CheckpointCoordinator {
             };
             state_size += ack.stats.state_size;
             if let Some(file) = &ack.file {
-                for uid in &ack.uids {
+                for acked in &ack.operators {
+                    let uid = &acked.uid;
                     let parallelism = info
                         .operators
                         .iter()
@@ -681,11 +725,18 @@ impl CheckpointCoordinator {
                             uid: uid.clone(),
                             parallelism,
                             subtasks: Vec::new(),
+                            states: Vec::new(),
                         });
                     op.subtasks.push(SubtaskStateHandle {
                         subtask: info.subtask,
                         file: file.clone(),
                     });
+                    // Subtasks that registered no state of a name do not list it.
+                    for d in &acked.states {
+                        if !op.states.iter().any(|s| s.name == d.name) {
+                            op.states.push(d.clone());
+                        }
+                    }
                 }
             }
             tasks.push(ack.stats);
@@ -803,7 +854,7 @@ mod tests {
             task_index,
             attempt: 0,
             file: None,
-            uids: Vec::new(),
+            operators: Vec::new(),
             stats: crate::checkpoint::TaskCheckpointStats::default(),
         }
     }

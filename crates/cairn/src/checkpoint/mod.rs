@@ -10,6 +10,8 @@ pub mod restore;
 
 use serde::{Deserialize, Serialize};
 
+use crate::state::StateDescriptor;
+
 pub use coordinator::{CheckpointCoordinator, SavepointOutcome, SavepointRequest, TaskMessage};
 pub use restore::{
     dispose_savepoint, find_latest, list_checkpoints, load_checkpoint, load_dir, load_from_path,
@@ -80,6 +82,17 @@ pub struct OperatorMetadata {
     pub parallelism: u32,
     /// One handle per subtask that has state.
     pub subtasks: Vec<SubtaskStateHandle>,
+    /// Name, kind and serializer of each of its states.
+    pub states: Vec<StateDescriptor>,
+}
+
+/// The states of one operator in a subtask's state file, as a subtask reports them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OperatorStates {
+    /// Operator uid.
+    pub uid: String,
+    /// Its states.
+    pub states: Vec<StateDescriptor>,
 }
 
 /// Timings of one subtask's part of a checkpoint.
@@ -147,8 +160,8 @@ pub struct TaskAck {
     pub attempt: u32,
     /// The state file (relative to the checkpoint directory), None if the chain is stateless.
     pub file: Option<String>,
-    /// The uids of the operators whose state is in the file.
-    pub uids: Vec<String>,
+    /// The operators whose state is in the file, with their states.
+    pub operators: Vec<OperatorStates>,
     /// Statistics.
     pub stats: TaskCheckpointStats,
 }

@@ -15,7 +15,7 @@ use tracing::warn;
 use super::CheckpointMetadata;
 use crate::config::MAX_MAX_PARALLELISM;
 use crate::state::keygroup::KeyGroupRange;
-use crate::state::{OperatorStateData, RestoredState};
+use crate::state::{OperatorListData, OperatorStateData, RestoredState, StateKind};
 use crate::storage::format::{decode, FileKind};
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, METADATA_FILE};
 use crate::storage::{validate_path, CheckpointStorage, FsStorage};
@@ -62,15 +62,23 @@ impl LoadedCheckpoint {
                     .map(|t| {
                         let bytes: usize = t.groups.iter().map(|(_, b)| b.len()).sum();
                         format!(
-                            "keyed '{}' ({} key groups, {bytes} B)",
+                            "{} state '{}' of {} ({} key groups, {bytes} B)",
+                            t.kind,
                             t.name,
+                            t.serializer.type_name,
                             t.groups.len()
                         )
                     })
                     .collect();
-                parts.extend(data.operator.iter().map(|(name, entries)| {
-                    let bytes: usize = entries.iter().map(Vec::len).sum();
-                    format!("list '{name}' ({} entries, {bytes} B)", entries.len())
+                parts.extend(data.operator.iter().map(|l| {
+                    let bytes: usize = l.entries.iter().map(Vec::len).sum();
+                    format!(
+                        "{} state '{}' of {} ({} entries, {bytes} B)",
+                        l.kind,
+                        l.name,
+                        l.serializer.type_name,
+                        l.entries.len()
+                    )
                 }));
                 if let Some(ch) = &data.channel {
                     let bytes: usize = ch
@@ -88,14 +96,25 @@ impl LoadedCheckpoint {
             .collect()
     }
 
+    /// The local directory holding it: the savepoint's own, or `<root>/<job-id>/chk-<n>`.
+    pub fn snapshot_dir(&self) -> Option<PathBuf> {
+        let root = self.storage_root.as_ref()?;
+        Some(if self.self_contained {
+            root.clone()
+        } else {
+            root.join(checkpoint_dir(&self.metadata.job_id, self.id()))
+        })
+    }
+
     /// Uids of the operators with state.
     pub fn uids(&self) -> impl Iterator<Item = &str> {
         self.states.keys().map(|s| s.as_str())
     }
 
     /// The state subtask `subtask` of `parallelism` of operator `uid` gets: keyed state of the
-    /// key groups it owns (from whichever old subtasks held them — rescaling), and operator
-    /// list states: its own when the parallelism is unchanged, round robin otherwise.
+    /// key groups it owns (from whichever old subtasks held them — rescaling); of an operator
+    /// list state its own entries when the parallelism is unchanged, else an even share of all
+    /// entries (contiguous, in old subtask order); of a union list state all entries.
     pub fn restored_for(&self, uid: &str, subtask: u32, parallelism: u32) -> RestoredState {
         let mut out = RestoredState::default();
         let Some(old) = self.states.get(uid) else {
@@ -104,8 +123,12 @@ impl LoadedCheckpoint {
         let range = KeyGroupRange::for_subtask(self.metadata.max_parallelism, parallelism, subtask);
         for (_, data) in old {
             for t in &data.keyed {
-                let groups = out.keyed.entry(t.name.clone()).or_default();
-                groups.extend(
+                let table = out.keyed.entry(t.name.clone()).or_insert_with(|| {
+                    let mut empty = t.clone();
+                    empty.groups.clear();
+                    empty
+                });
+                table.groups.extend(
                     t.groups
                         .iter()
                         .filter(|(kg, _)| range.contains(*kg))
@@ -113,39 +136,36 @@ impl LoadedCheckpoint {
                 );
             }
         }
-        let old_parallelism = self
-            .metadata
-            .operators
-            .iter()
-            .find(|o| o.uid == uid)
-            .map_or(0, |o| o.parallelism);
-        if old_parallelism == parallelism {
-            for (s, data) in old {
-                if *s == subtask {
-                    out.channel = data.channel.clone();
-                    for (name, entries) in &data.operator {
-                        out.operator
-                            .entry(name.clone())
-                            .or_default()
-                            .extend(entries.iter().cloned());
+        let unchanged = self.parallelism_of(uid) == Some(parallelism);
+        if unchanged {
+            if let Some((_, data)) = old.iter().find(|(s, _)| *s == subtask) {
+                out.channel = data.channel.clone();
+            }
+        }
+        // Every list's entries over all old subtasks, in subtask order.
+        let mut lists: Vec<OperatorListData> = Vec::new();
+        for (s, data) in old {
+            for l in &data.operator {
+                let mine = l.kind == StateKind::UnionList || !unchanged || *s == subtask;
+                let list = match lists.iter().position(|x| x.name == l.name) {
+                    Some(i) => &mut lists[i],
+                    None => {
+                        let mut empty = l.clone();
+                        empty.entries.clear();
+                        lists.push(empty);
+                        lists.last_mut().expect("just pushed")
                     }
+                };
+                if mine {
+                    list.entries.extend(l.entries.iter().cloned());
                 }
             }
-        } else {
-            let mut j = 0u32;
-            for (_, data) in old {
-                for (name, entries) in &data.operator {
-                    for e in entries {
-                        if j % parallelism.max(1) == subtask {
-                            out.operator
-                                .entry(name.clone())
-                                .or_default()
-                                .push(e.clone());
-                        }
-                        j += 1;
-                    }
-                }
+        }
+        for mut list in lists {
+            if list.kind == StateKind::OperatorList && !unchanged {
+                list.entries = even_share(list.entries, subtask, parallelism);
             }
+            out.operator.insert(list.name.clone(), list);
         }
         out
     }
@@ -173,15 +193,28 @@ impl LoadedCheckpoint {
         let mut out = Vec::new();
         if let Some(old) = self.states.get(uid) {
             for (_, data) in old {
-                for (n, entries) in &data.operator {
-                    if n == name {
-                        out.extend(entries.iter().cloned());
-                    }
+                for l in data.operator.iter().filter(|l| l.name == name) {
+                    out.extend(l.entries.iter().cloned());
                 }
             }
         }
         out
     }
+}
+
+/// Subtask `subtask`'s share of `entries` split evenly over `parallelism` subtasks: contiguous
+/// runs, the first `len % parallelism` of them one entry longer.
+fn even_share(mut entries: Vec<Vec<u8>>, subtask: u32, parallelism: u32) -> Vec<Vec<u8>> {
+    let (n, p, i) = (entries.len(), parallelism.max(1) as usize, subtask as usize);
+    let (base, extra) = (n / p, n % p);
+    let start = i * base + i.min(extra);
+    let len = base + usize::from(i < extra);
+    if start >= n {
+        return Vec::new();
+    }
+    entries.truncate(start + len);
+    entries.drain(..start);
+    entries
 }
 
 /// Loads and validates checkpoint `id` of job `job_id`.
@@ -303,6 +336,24 @@ fn validate_metadata(m: &CheckpointMetadata) -> Result<(), String> {
 /// task indexes its channels by them when it replays the data).
 fn validate_state_file(f: &TaskStateFile, max_parallelism: u32) -> Result<(), String> {
     for op in &f.operators {
+        let keyed_kinds = [
+            StateKind::Value,
+            StateKind::List,
+            StateKind::Map,
+            StateKind::Reducing,
+        ];
+        if let Some(t) = op.keyed.iter().find(|t| !keyed_kinds.contains(&t.kind)) {
+            return Err(format!(
+                "keyed state '{}' of operator '{}' has kind {}, which is not a keyed kind",
+                t.name, op.uid, t.kind
+            ));
+        }
+        if let Some(l) = op.operator.iter().find(|l| keyed_kinds.contains(&l.kind)) {
+            return Err(format!(
+                "operator state '{}' of operator '{}' has kind {}, which is a keyed kind",
+                l.name, op.uid, l.kind
+            ));
+        }
         for t in &op.keyed {
             if let Some((kg, _)) = t.groups.iter().find(|(kg, _)| *kg >= max_parallelism) {
                 return Err(format!(
@@ -332,7 +383,8 @@ fn validate_state_file(f: &TaskStateFile, max_parallelism: u32) -> Result<(), St
     Ok(())
 }
 
-fn checkpoint_ids(storage: &dyn CheckpointStorage, job_id: &str) -> Vec<u64> {
+/// The ids of the checkpoint directories of job `job_id`, completed or not, ascending.
+pub fn checkpoint_ids(storage: &dyn CheckpointStorage, job_id: &str) -> Vec<u64> {
     let mut ids: Vec<u64> = storage
         .list(job_id)
         .unwrap_or_default()
@@ -506,7 +558,7 @@ pub fn dispose_savepoint(path: &Path) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::checkpoint::{OperatorMetadata, SubtaskStateHandle};
-    use crate::state::{ChannelStateData, KeyedTableData};
+    use crate::state::{ChannelStateData, KeyedTableData, SerializerId};
     use crate::storage::format::encode;
     use crate::storage::MemoryStorage;
 
@@ -518,7 +570,11 @@ mod tests {
             operators: vec![OperatorStateData {
                 uid: "src".into(),
                 keyed: Vec::new(),
-                operator: vec![("splits".into(), vec![id.to_le_bytes().to_vec()])],
+                operator: vec![OperatorListData::connector(
+                    "splits",
+                    "u64",
+                    vec![id.to_le_bytes().to_vec()],
+                )],
                 channel: None,
             }],
         };
@@ -538,6 +594,7 @@ mod tests {
                     subtask: 0,
                     file: "task-0-0".into(),
                 }],
+                states: Vec::new(),
             }],
             state_size: bytes.len() as u64,
             tasks: Vec::new(),
@@ -633,6 +690,7 @@ mod tests {
                     subtask: 1,
                     file: "task-0-1".into(),
                 }],
+                states: Vec::new(),
             }],
             state_size: 0,
             tasks: Vec::new(),
@@ -642,6 +700,8 @@ mod tests {
                 uid: "op".into(),
                 keyed: vec![KeyedTableData {
                     name: "counts".into(),
+                    kind: StateKind::Value,
+                    serializer: SerializerId::postcard::<u64>(),
                     groups: vec![(2, vec![1]), (3, vec![2])],
                 }],
                 operator: Vec::new(),
@@ -668,6 +728,108 @@ mod tests {
         storage
     }
 
+    /// A checkpoint of operator "op" at parallelism 3 whose subtask i holds entries `i*10 ..
+    /// i*10+i` (0, 1 and 2 entries) of list state "split" and one entry `100+i` of union list
+    /// state "union".
+    fn with_operator_lists() -> LoadedCheckpoint {
+        let storage = MemoryStorage::new();
+        let mut subtasks = Vec::new();
+        for i in 0..3u8 {
+            let file = format!("task-0-{i}");
+            let list = |name: &str, kind, entries: Vec<Vec<u8>>| OperatorListData {
+                name: name.into(),
+                kind,
+                serializer: SerializerId::postcard::<u8>(),
+                entries,
+            };
+            let state = TaskStateFile {
+                operators: vec![OperatorStateData {
+                    uid: "op".into(),
+                    keyed: Vec::new(),
+                    operator: vec![
+                        list(
+                            "split",
+                            StateKind::OperatorList,
+                            (0..i).map(|j| vec![i * 10 + j]).collect(),
+                        ),
+                        list("union", StateKind::UnionList, vec![vec![100 + i]]),
+                    ],
+                    channel: None,
+                }],
+            };
+            let path = format!("job/chk-3/{file}");
+            storage
+                .write(&path, &encode(FileKind::TaskState, &state).unwrap())
+                .unwrap();
+            subtasks.push(SubtaskStateHandle {
+                subtask: u32::from(i),
+                file,
+            });
+        }
+        let meta = CheckpointMetadata {
+            job_id: "job".into(),
+            job_name: "test".into(),
+            checkpoint_id: 3,
+            trigger_timestamp_ms: 1,
+            completed_timestamp_ms: 2,
+            max_parallelism: 4,
+            operators: vec![OperatorMetadata {
+                uid: "op".into(),
+                parallelism: 3,
+                subtasks,
+                states: Vec::new(),
+            }],
+            state_size: 0,
+            tasks: Vec::new(),
+        };
+        storage
+            .write_atomic(
+                &metadata_path("job", 3),
+                &encode(FileKind::Metadata, &meta).unwrap(),
+            )
+            .unwrap();
+        load_checkpoint(&storage, "job", 3).unwrap()
+    }
+
+    fn lists_of(c: &LoadedCheckpoint, subtask: u32, parallelism: u32) -> (Vec<u8>, Vec<u8>) {
+        let r = c.restored_for("op", subtask, parallelism);
+        let flat = |name: &str| -> Vec<u8> { r.operator[name].entries.concat() };
+        (flat("split"), flat("union"))
+    }
+
+    #[test]
+    fn operator_lists_are_split_evenly_and_union_lists_go_whole_to_every_subtask() {
+        let c = with_operator_lists();
+        // Same parallelism: each subtask its own entries; the union list whole everywhere.
+        assert_eq!(lists_of(&c, 1, 3), (vec![10], vec![100, 101, 102]));
+        assert_eq!(lists_of(&c, 2, 3), (vec![20, 21], vec![100, 101, 102]));
+        // 3 → 2: the 3 entries [10, 20, 21] split as [10, 20] and [21].
+        assert_eq!(lists_of(&c, 0, 2), (vec![10, 20], vec![100, 101, 102]));
+        assert_eq!(lists_of(&c, 1, 2), (vec![21], vec![100, 101, 102]));
+        // 3 → 4: one entry each for three subtasks, none for the fourth.
+        let split: Vec<Vec<u8>> = (0..4).map(|i| lists_of(&c, i, 4).0).collect();
+        assert_eq!(split, vec![vec![10], vec![20], vec![21], vec![]]);
+        assert_eq!(lists_of(&c, 3, 4).1, vec![100, 101, 102]);
+        // 3 → 1: everything.
+        assert_eq!(lists_of(&c, 0, 1), (vec![10, 20, 21], vec![100, 101, 102]));
+    }
+
+    #[test]
+    fn an_even_share_covers_every_entry_once() {
+        for n in 0..20usize {
+            for p in 1..8u32 {
+                let entries: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8]).collect();
+                let mut all = Vec::new();
+                for i in 0..p {
+                    let share = even_share(entries.clone(), i, p);
+                    assert!(share.len() <= n.div_ceil(p as usize), "n={n} p={p}");
+                    all.extend(share);
+                }
+                assert_eq!(all, entries, "n={n} p={p}");
+            }
+        }
+    }
+
     fn load_error(edit: impl FnOnce(&mut CheckpointMetadata, &mut TaskStateFile)) -> String {
         match load_checkpoint(&write_checkpoint(edit), "job", 3) {
             Ok(_) => panic!("the checkpoint loaded"),
@@ -679,7 +841,7 @@ mod tests {
     fn a_valid_checkpoint_restores_its_channel_state_and_key_groups() {
         let c = load_checkpoint(&write_checkpoint(|_, _| {}), "job", 3).unwrap();
         let r = c.restored_for("op", 1, 2);
-        assert_eq!(r.keyed["counts"], vec![(2, vec![1]), (3, vec![2])]);
+        assert_eq!(r.keyed["counts"].groups, vec![(2, vec![1]), (3, vec![2])]);
         let channel = r.channel.unwrap();
         assert_eq!(channel.channels_total, 2);
         assert_eq!(channel.channels[1], (1, vec![vec![8], vec![9]]));

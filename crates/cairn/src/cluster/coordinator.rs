@@ -419,11 +419,7 @@ fn route_event(inner: &Inner, job_id: &str, event: WireEvent) {
         } => JobEvent::Exited {
             attempt,
             task,
-            result: match error {
-                None => Ok(()),
-                Some(m) if m == TaskError::Cancelled.to_string() => Err(TaskError::Cancelled),
-                Some(m) => Err(TaskError::Failed(m)),
-            },
+            result: error.map_or(Ok(()), |e| Err(TaskError::from(e))),
         },
     };
     let _ = events.send(e);

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{DeclineCause, TaskAck};
+use crate::error::TaskError;
 use crate::runtime::channel::{ControlMail, DataFrame};
 
 /// Worker → coordinator.
@@ -59,15 +60,46 @@ pub enum WireEvent {
         /// Global task index.
         task: usize,
     },
-    /// A subtask ended (error: why it failed; "task cancelled" when cancelled).
+    /// A subtask ended.
     Exited {
         /// Attempt.
         attempt: u32,
         /// Global task index.
         task: usize,
         /// None on success.
-        error: Option<String>,
+        error: Option<WireTaskError>,
     },
+}
+
+/// Why a subtask ended early, as sent to the coordinator.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum WireTaskError {
+    /// It was cancelled.
+    Cancelled,
+    /// It failed; a restart may fix it.
+    Failed(String),
+    /// It failed in a way no restart can fix.
+    Unrecoverable(String),
+}
+
+impl From<&TaskError> for WireTaskError {
+    fn from(e: &TaskError) -> Self {
+        match e {
+            TaskError::Cancelled => WireTaskError::Cancelled,
+            TaskError::Unrecoverable(m) => WireTaskError::Unrecoverable(m.clone()),
+            other => WireTaskError::Failed(other.to_string()),
+        }
+    }
+}
+
+impl From<WireTaskError> for TaskError {
+    fn from(e: WireTaskError) -> Self {
+        match e {
+            WireTaskError::Cancelled => TaskError::Cancelled,
+            WireTaskError::Failed(m) => TaskError::Failed(m),
+            WireTaskError::Unrecoverable(m) => TaskError::Unrecoverable(m),
+        }
+    }
 }
 
 /// Where the checkpoint to restore is.

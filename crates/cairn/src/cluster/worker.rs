@@ -12,7 +12,9 @@ use crossbeam_channel::Sender;
 use tracing::{info, warn};
 
 use super::frame::{read_frame, write_frame, FrameError};
-use super::protocol::{secrets_match, DataMsg, DeploySpec, ToCoordinator, ToWorker, WireEvent};
+use super::protocol::{
+    secrets_match, DataMsg, DeploySpec, ToCoordinator, ToWorker, WireEvent, WireTaskError,
+};
 use super::JobFactory;
 use crate::checkpoint::{load_checkpoint, load_dir};
 use crate::error::TaskError;
@@ -525,7 +527,7 @@ fn deploy_attempt(
                     } => WireEvent::Exited {
                         attempt,
                         task,
-                        error: result.err().map(|e| e.to_string()),
+                        error: result.err().as_ref().map(WireTaskError::from),
                     },
                     JobEvent::Lost { .. } => continue,
                 };
@@ -759,7 +761,9 @@ fn session(
                                 event: WireEvent::Exited {
                                     attempt,
                                     task,
-                                    error: Some(format!("worker {worker_id} cannot deploy: {e}")),
+                                    error: Some(WireTaskError::Failed(format!(
+                                        "worker {worker_id} cannot deploy: {e}"
+                                    ))),
                                 },
                             },
                         );

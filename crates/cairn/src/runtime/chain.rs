@@ -12,7 +12,7 @@ use super::channel::{Barrier, ChannelSender, Element, BATCH_RECORDS_MAX};
 use super::gate::{FlushCredit, ForwardStep, Forwarding};
 use crate::error::{TaskError, TaskResult};
 use crate::state::keygroup::{key_group_of_hash, subtask_for_key_group};
-use crate::state::OperatorSnapshot;
+use crate::state::{OperatorListData, OperatorSnapshot};
 
 /// An event every output channel receives, in order with the records.
 #[derive(Debug, Clone, Copy)]
@@ -575,7 +575,8 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
     }
     fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
         let splits = self.reader.snapshot()?;
-        out.push(OperatorSnapshot::new(self.uid.clone()).with_list(SOURCE_SPLITS_STATE, splits));
+        let splits = OperatorListData::connector(SOURCE_SPLITS_STATE, "source split", splits);
+        out.push(OperatorSnapshot::new(self.uid.clone()).with_list(splits));
         self.chain.snapshot(id, out)
     }
     fn notify_complete(&mut self, id: u64) -> TaskResult {

@@ -1,7 +1,7 @@
 //! User function traits for the operators that are more than a closure.
 
 use crate::error::TaskResult;
-use crate::state::{Key, KeyedContext};
+use crate::state::{Key, KeyedContext, OperatorStateStore};
 
 /// Where a function puts its output records.
 pub struct Collector<'a, O> {
@@ -89,4 +89,58 @@ pub trait CoProcessFunction<I1, I2, O>: Clone + Send + 'static {
     fn process1(&mut self, value: I1, out: &mut Collector<O>) -> TaskResult;
     /// A record of the second input.
     fn process2(&mut self, value: I2, out: &mut Collector<O>) -> TaskResult;
+}
+
+/// Processes the records of a stream that is not keyed, with operator state: named lists of the
+/// subtask (Flink's `ProcessFunction` with `CheckpointedFunction`). A list state is split evenly
+/// over the subtasks when a job resumes at another parallelism; a union list state is given
+/// whole to every subtask.
+///
+/// ```
+/// use cairn::api::{Collector, ProcessFunction};
+/// use cairn::state::{OperatorListState, OperatorStateStore};
+/// use cairn::TaskResult;
+///
+/// /// Counts the records of its subtask; the counts survive restarts and rescaling.
+/// #[derive(Clone, Default)]
+/// struct Counter { seen: u64, state: Option<OperatorListState<u64>> }
+///
+/// impl ProcessFunction<String, String> for Counter {
+///     fn open(&mut self, store: &mut OperatorStateStore) -> TaskResult {
+///         let state = store.list_state::<u64>("seen")?;
+///         self.seen = state.get(store)?.iter().sum();
+///         self.state = Some(state);
+///         Ok(())
+///     }
+///     fn process(&mut self, value: String, _store: &mut OperatorStateStore,
+///                out: &mut Collector<String>) -> TaskResult {
+///         self.seen += 1;
+///         out.collect(value);
+///         Ok(())
+///     }
+///     fn snapshot_state(&mut self, store: &mut OperatorStateStore) -> TaskResult {
+///         match &self.state {
+///             Some(state) => state.update(store, &[self.seen]),
+///             None => Ok(()),
+///         }
+///     }
+/// }
+/// ```
+pub trait ProcessFunction<I, O>: Clone + Send + 'static {
+    /// Registers operator states and reads what was restored; called once per subtask before
+    /// the first record.
+    fn open(&mut self, _store: &mut OperatorStateStore) -> TaskResult {
+        Ok(())
+    }
+    /// Processes one record.
+    fn process(
+        &mut self,
+        value: I,
+        store: &mut OperatorStateStore,
+        out: &mut Collector<O>,
+    ) -> TaskResult;
+    /// A checkpoint is taken: write what must survive into the registered lists.
+    fn snapshot_state(&mut self, _store: &mut OperatorStateStore) -> TaskResult {
+        Ok(())
+    }
 }

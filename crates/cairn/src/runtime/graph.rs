@@ -9,7 +9,7 @@ use super::chain::TaskBody;
 use super::channel::ChannelSender;
 use super::operators::SinkOwner;
 use crate::error::TaskResult;
-use crate::state::{Key, KeyedContext, RestoredState};
+use crate::state::{Key, KeyedContext, OperatorStateStore, RestoredState};
 
 /// What one subtask of an operator is built with.
 pub struct SubtaskInit {
@@ -37,6 +37,15 @@ impl SubtaskInit {
             self.parallelism,
             self.max_parallelism,
             std::mem::take(&mut self.restored.keyed),
+        )
+    }
+
+    /// The operator state of this subtask, with the lists restored for it.
+    pub fn operator_state_store(&mut self) -> OperatorStateStore {
+        OperatorStateStore::new(
+            self.subtask,
+            self.parallelism,
+            std::mem::take(&mut self.restored.operator),
         )
     }
 }

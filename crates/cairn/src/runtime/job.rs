@@ -22,6 +22,7 @@ use super::restart::RestartTracker;
 use super::status::JobStatus;
 use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CheckpointSettings, CompletedCheckpoint};
+use crate::checkpoint::restore::checkpoint_ids;
 use crate::checkpoint::{find_latest, load_from_path, CheckpointCoordinator, LoadedCheckpoint};
 use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig, StateBackendKind};
 use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
@@ -191,7 +192,11 @@ pub fn run_job_with(
     let mut job_id = opts.job_id.clone().unwrap_or_else(new_job_id);
     let mut restored: Option<LoadedCheckpoint> = None;
     let mut started_fresh = false;
+    // The restored checkpoint is one of this job's own (same directory, same job id), retained
+    // and deleted like the ones it takes.
     let mut claimed = false;
+    // A restored snapshot elsewhere that the job owns (CLAIM mode): its directory.
+    let mut claimed_external: Option<PathBuf> = None;
     match &opts.restore {
         None => {}
         Some(RestoreFrom::Latest) => {
@@ -216,11 +221,20 @@ pub fn run_job_with(
             }
         }
         Some(RestoreFrom::Path(p)) => {
+            // NO_CLAIM (default): the snapshot stays the user's — the job gets its own id and
+            // directory, so neither retention nor a cancel ever touches it. CLAIM: it becomes
+            // the job's first retained checkpoint.
             let (c, _) = load_from_path(p).map_err(JobError::Restore)?;
-            if let (Some(fs), Some(root)) = (&fs_storage, &c.storage_root) {
-                if fs.root() == root.as_path() {
+            if config.claim_restored {
+                let own_root = match (&fs_storage, &c.storage_root) {
+                    (Some(fs), Some(root)) => fs.root() == root.as_path() && !c.self_contained,
+                    _ => false,
+                };
+                if own_root {
                     job_id = c.metadata.job_id.clone();
                     claimed = true;
+                } else {
+                    claimed_external = c.snapshot_dir();
                 }
             }
             restored = Some(c);
@@ -289,7 +303,17 @@ pub fn run_job_with(
             num_retained: config.num_retained.max(1),
             barrier_kind: barrier_kind(config),
         };
-        let min_next = restored.as_ref().map_or(1, |c| c.id() + 1);
+        // Continuing its own directory, the job never reuses the id of a directory there (one
+        // newer than the restored checkpoint, when an older one was picked by path).
+        let newest_dir = if claimed {
+            checkpoint_ids(storage.as_ref(), &job_id).last().copied()
+        } else {
+            None
+        };
+        let min_next = restored
+            .as_ref()
+            .map_or(1, |c| c.id() + 1)
+            .max(newest_dir.map_or(0, |n| n + 1));
         let mut c = CheckpointCoordinator::new(
             settings,
             storage.clone(),
@@ -303,6 +327,16 @@ pub fn run_job_with(
             if let Some(r) = &restored {
                 c.adopt_retained(r.id());
             }
+        }
+        if let (Some(dir), Some(r)) = (claimed_external.take(), &restored) {
+            info!("claiming {}: it is deleted once subsumed", r.location);
+            c.claim_external(
+                r.location.clone(),
+                Box::new(move || {
+                    std::fs::remove_dir_all(&dir)
+                        .map_err(|e| format!("cannot delete {}: {e}", dir.display()))
+                }),
+            );
         }
         c
     });

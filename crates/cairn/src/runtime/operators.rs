@@ -3,10 +3,10 @@
 use std::marker::PhantomData;
 
 use super::functions::{
-    CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction,
+    CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction, ProcessFunction,
 };
 use crate::error::TaskResult;
-use crate::state::{Key, KeyedContext, OperatorSnapshot};
+use crate::state::{Key, KeyedContext, OperatorListData, OperatorSnapshot, OperatorStateStore};
 
 use super::chain::{Operator, TwoInputOperator};
 
@@ -50,6 +50,46 @@ impl<T: Send + 'static> Operator<T, T> for IdentityOp {
     fn process(&mut self, input: &mut Vec<T>, out: &mut Vec<T>) -> TaskResult {
         out.append(input);
         Ok(())
+    }
+}
+
+/// A process function with its operator state.
+pub struct ProcessOp<I, O, F> {
+    uid: String,
+    f: F,
+    store: OperatorStateStore,
+    _io: PhantomData<fn(I) -> O>,
+}
+
+impl<I, O, F: ProcessFunction<I, O>> ProcessOp<I, O, F> {
+    /// Opens `f` over its (possibly restored) operator state.
+    pub fn new(uid: String, mut f: F, mut store: OperatorStateStore) -> TaskResult<Self> {
+        f.open(&mut store)?;
+        Ok(ProcessOp {
+            uid,
+            f,
+            store,
+            _io: PhantomData,
+        })
+    }
+}
+
+impl<I, O, F> Operator<I, O> for ProcessOp<I, O, F>
+where
+    I: Send + 'static,
+    O: Send + 'static,
+    F: ProcessFunction<I, O>,
+{
+    fn process(&mut self, input: &mut Vec<I>, out: &mut Vec<O>) -> TaskResult {
+        let mut c = Collector::new(out);
+        for r in input.drain(..) {
+            self.f.process(r, &mut self.store, &mut c)?;
+        }
+        Ok(())
+    }
+    fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+        self.f.snapshot_state(&mut self.store)?;
+        Ok(Some(self.store.snapshot(&self.uid)))
     }
 }
 
@@ -283,8 +323,9 @@ impl<T: Send + 'static> Operator<T, ()> for SinkOp<T> {
     fn snapshot(&mut self, id: u64) -> TaskResult<Option<OperatorSnapshot>> {
         let pending = self.writer.pre_commit(id)?;
         crate::failpoint::hit("sink-pre-committed", id);
+        let pending = OperatorListData::connector(SINK_PENDING_STATE, "sink transaction", pending);
         Ok(Some(
-            OperatorSnapshot::new(self.uid.clone()).with_list(SINK_PENDING_STATE, pending),
+            OperatorSnapshot::new(self.uid.clone()).with_list(pending),
         ))
     }
     fn notify_complete(&mut self, id: u64) -> TaskResult {

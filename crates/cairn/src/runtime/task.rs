@@ -16,7 +16,7 @@ use super::channel::{Barrier, BarrierKind, CreditReturn, Element, Mail};
 use super::gate::{GateAction, InputGate, Now};
 use super::inject::FailureInjector;
 use crate::checkpoint::restore::TaskStateFile;
-use crate::checkpoint::{now_ms, DeclineCause, TaskAck, TaskCheckpointStats};
+use crate::checkpoint::{now_ms, DeclineCause, OperatorStates, TaskAck, TaskCheckpointStats};
 use crate::error::{TaskError, TaskResult};
 use crate::state::{ChannelStateData, OperatorSnapshot};
 use crate::storage::format::{encode, FileKind};
@@ -78,12 +78,18 @@ pub fn run_uploader(
         let t0 = Instant::now();
         let id = job.checkpoint_id;
         let path = format!("{}/{}", checkpoint_dir(&job_id, id), job.file);
-        let result = (|| -> TaskResult<(Vec<String>, u64)> {
+        let result = (|| -> TaskResult<(Vec<OperatorStates>, u64)> {
             let mut operators = Vec::with_capacity(job.snapshots.len());
             for s in job.snapshots {
                 operators.push(s.finish()?);
             }
-            let uids = operators.iter().map(|o| o.uid.clone()).collect();
+            let uids = operators
+                .iter()
+                .map(|o| OperatorStates {
+                    uid: o.uid.clone(),
+                    states: o.descriptors(),
+                })
+                .collect();
             let bytes = encode(FileKind::TaskState, &TaskStateFile { operators })?;
             storage.write(&path, &bytes)?;
             crate::failpoint::hit("upload", id);
@@ -99,7 +105,7 @@ pub fn run_uploader(
                     task_index: job.task_index,
                     attempt: job.attempt,
                     file: Some(job.file),
-                    uids,
+                    operators: uids,
                     stats,
                 })
             }
@@ -263,7 +269,7 @@ impl TaskRuntime {
                 task_index: self.index,
                 attempt: self.attempt,
                 file: None,
-                uids: Vec::new(),
+                operators: Vec::new(),
                 stats: stats.clone(),
             }));
             return Ok(());

@@ -281,6 +281,16 @@ mod tests {
         finds(Planted::Master(MasterFlaw::StaleRestore), &Mode::ALL, 2_000);
     }
 
+    /// A failure no restart can fix ends the job at once.
+    #[test]
+    fn finds_a_restart_after_an_unrecoverable_failure() {
+        finds(
+            Planted::Master(MasterFlaw::RestartsUnrecoverable),
+            &Mode::ALL,
+            2_000,
+        );
+    }
+
     /// Intermediate savepoints commit nothing (failover restores from older checkpoints).
     #[test]
     fn finds_a_savepoint_that_commits_side_effects() {

@@ -31,7 +31,7 @@ use crate::checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointSettings, TaskInfo, TaskMessage,
 };
 use crate::checkpoint::{
-    DeclineCause, SavepointOutcome, SavepointRequest, TaskAck, TaskCheckpointStats,
+    DeclineCause, OperatorStates, SavepointOutcome, SavepointRequest, TaskAck, TaskCheckpointStats,
 };
 use crate::config::RestartStrategyConfig;
 use crate::error::TaskError;
@@ -1108,7 +1108,10 @@ impl World {
         }
     }
 
+    /// The task fails; now and then in a way no restart can fix (restored state the job cannot
+    /// read), which must end the job at once.
     fn fail_task(&mut self, task: usize) {
+        let unrecoverable = self.rng.u32(0..4) == 0;
         let t = &mut self.tasks[task];
         if !t.failed {
             t.failed = true;
@@ -1116,7 +1119,11 @@ impl World {
             self.events.push_back(JobEvent::Exited {
                 attempt,
                 task,
-                result: Err(TaskError::msg("simulated task failure")),
+                result: Err(if unrecoverable {
+                    TaskError::Unrecoverable("simulated unreadable state".into())
+                } else {
+                    TaskError::msg("simulated task failure")
+                }),
             });
         }
     }
@@ -1428,7 +1435,10 @@ impl World {
                         task_index: task,
                         attempt,
                         file: Some(format!("task-{task}")),
-                        uids: vec![uid(task)],
+                        operators: vec![OperatorStates {
+                            uid: uid(task),
+                            states: Vec::new(),
+                        }],
                         stats: TaskCheckpointStats::default(),
                     }));
                 }
@@ -1662,7 +1672,24 @@ impl World {
         };
         let before = newest(self);
         let at = self.now().at;
+        let unrecoverable = match &e {
+            JobEvent::Exited {
+                attempt,
+                task,
+                result: Err(TaskError::Unrecoverable(_)),
+            } => self.master.is_current(*task, *attempt) && self.master.outcome().is_none(),
+            _ => false,
+        };
+        let restarts = self.master.restart_count();
         self.master.on_event(e, at);
+        if unrecoverable {
+            self.count("unrecoverable task failures");
+            let failed = matches!(self.master.outcome(), Some(JobOutcome::Failed { .. }));
+            if !failed || self.master.restart_count() != restarts {
+                return self
+                    .violate("an unrecoverable task failure did not end the job at once".into());
+            }
+        }
         if self.storage.crashed() {
             return self.new_process("crashes during a _metadata write");
         }

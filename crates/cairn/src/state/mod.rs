@@ -8,8 +8,11 @@
 
 pub mod keygroup;
 
+pub mod operator;
+
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap as StdHashMap};
+use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -19,23 +22,159 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{TaskError, TaskResult};
-use keygroup::{key_group_of_hash, stable_hash, KeyGroupRange};
+use keygroup::{key_group_of_hash, stable_hash, KeyGroupRange, StableKey};
 
-/// A type usable as a key of keyed state.
-pub trait Key: Hash + Eq + Clone + Serialize + DeserializeOwned + Send + 'static {}
-impl<T: Hash + Eq + Clone + Serialize + DeserializeOwned + Send + 'static> Key for T {}
+pub use operator::{OperatorListState, OperatorStateStore};
+
+/// A type usable as a key of keyed state. Its key group comes from its [`StableKey`] encoding;
+/// `Hash` and `Eq` serve the in-memory tables only.
+pub trait Key:
+    StableKey + Hash + Eq + Clone + Serialize + DeserializeOwned + Send + 'static
+{
+}
+impl<T: StableKey + Hash + Eq + Clone + Serialize + DeserializeOwned + Send + 'static> Key for T {}
 
 /// A type storable in state.
 pub trait StateValue: Clone + Serialize + DeserializeOwned + Send + 'static {}
 impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> StateValue for T {}
 
+/// The kind of a registered state. A restore refuses a state registered as another kind than
+/// the one it was written as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StateKind {
+    /// Keyed: one value per key.
+    Value,
+    /// Keyed: a list per key.
+    List,
+    /// Keyed: a map per key.
+    Map,
+    /// Keyed: a value per key that added values are folded into.
+    Reducing,
+    /// Operator state: a list split evenly over the subtasks when the parallelism changes.
+    OperatorList,
+    /// Operator state: a list every subtask gets whole on restore.
+    UnionList,
+}
+
+impl StateKind {
+    /// Its name for people.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateKind::Value => "value",
+            StateKind::List => "list",
+            StateKind::Map => "map",
+            StateKind::Reducing => "reducing",
+            StateKind::OperatorList => "operator list",
+            StateKind::UnionList => "union list",
+        }
+    }
+}
+
+impl fmt::Display for StateKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The serializer of the values of the built-in state kinds: serde's data model in postcard.
+pub const SERDE_POSTCARD: &str = "cairn.serde-postcard";
+/// The version of [`SERDE_POSTCARD`] this build writes; it reads this version and older ones.
+pub const SERDE_POSTCARD_VERSION: u32 = 1;
+
+/// Which serializer wrote a state's values, and in which version; persisted with the values,
+/// so that a later cairn knows how to read them — or refuses clearly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SerializerId {
+    /// Serializer id, e.g. [`SERDE_POSTCARD`].
+    pub id: String,
+    /// Serializer version.
+    pub version: u32,
+    /// The Rust type of the values when they were written, for people (shown by
+    /// `cairn savepoint info` and in errors). Not compared: compilers may name a type differently.
+    pub type_name: String,
+}
+
+impl SerializerId {
+    /// The serializer of the built-in state kinds, for values of type `T`.
+    pub fn postcard<T: ?Sized>() -> Self {
+        SerializerId {
+            id: SERDE_POSTCARD.to_string(),
+            version: SERDE_POSTCARD_VERSION,
+            type_name: std::any::type_name::<T>().to_string(),
+        }
+    }
+
+    /// Whether this build reads what the serializer wrote.
+    pub fn check_readable(&self, state: &str) -> Result<(), String> {
+        if self.id != SERDE_POSTCARD {
+            return Err(format!(
+                "state '{state}' was written by serializer '{}', which this build does not have",
+                self.id
+            ));
+        }
+        if self.version > SERDE_POSTCARD_VERSION {
+            return Err(format!(
+                "state '{state}' was written by serializer '{}' version {}; this build reads versions up to {SERDE_POSTCARD_VERSION}",
+                self.id, self.version
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One keyed state table as persisted: its entries serialized per key group.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct KeyedTableData {
     /// The name the state was registered with.
     pub name: String,
+    /// The kind it was registered as.
+    pub kind: StateKind,
+    /// The serializer of its entries.
+    pub serializer: SerializerId,
     /// `(key group, postcard bytes of Vec<(K, S)>)`, ascending by key group.
     pub groups: Vec<(u32, Vec<u8>)>,
+}
+
+/// One operator list state as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OperatorListData {
+    /// The name the state was registered with.
+    pub name: String,
+    /// [`StateKind::OperatorList`] (split evenly on rescaling) or [`StateKind::UnionList`]
+    /// (every new subtask gets all of it).
+    pub kind: StateKind,
+    /// The serializer of its entries.
+    pub serializer: SerializerId,
+    /// The entries, each serialized on its own so that they can be redistributed.
+    pub entries: Vec<Vec<u8>>,
+}
+
+impl OperatorListData {
+    /// A list split evenly when rescaled, whose entries a connector serialized itself: a
+    /// source's splits or a sink's pending transactions, described as `what`.
+    pub fn connector(name: impl Into<String>, what: &str, entries: Vec<Vec<u8>>) -> Self {
+        OperatorListData {
+            name: name.into(),
+            kind: StateKind::OperatorList,
+            serializer: SerializerId {
+                id: SERDE_POSTCARD.to_string(),
+                version: SERDE_POSTCARD_VERSION,
+                type_name: what.to_string(),
+            },
+            entries,
+        }
+    }
+}
+
+/// What `_metadata` says about one state of an operator.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StateDescriptor {
+    /// Its name.
+    pub name: String,
+    /// Its kind.
+    pub kind: StateKind,
+    /// Its serializer.
+    pub serializer: SerializerId,
 }
 
 /// All state of one operator of one subtask, as persisted in a checkpoint.
@@ -45,10 +184,29 @@ pub struct OperatorStateData {
     pub uid: String,
     /// Keyed state tables.
     pub keyed: Vec<KeyedTableData>,
-    /// Operator list states: name → entries (source splits, pending sink transactions, ...).
-    pub operator: Vec<(String, Vec<Vec<u8>>)>,
+    /// Operator list states (source splits, pending sink transactions, user lists, ...).
+    pub operator: Vec<OperatorListData>,
     /// In-flight input data of an unaligned checkpoint (only on a task's head operator).
     pub channel: Option<ChannelStateData>,
+}
+
+impl OperatorStateData {
+    /// Name, kind and serializer of each of its states.
+    pub fn descriptors(&self) -> Vec<StateDescriptor> {
+        let keyed = self.keyed.iter().map(|t| (&t.name, t.kind, &t.serializer));
+        let lists = self
+            .operator
+            .iter()
+            .map(|l| (&l.name, l.kind, &l.serializer));
+        keyed
+            .chain(lists)
+            .map(|(name, kind, serializer)| StateDescriptor {
+                name: name.clone(),
+                kind,
+                serializer: serializer.clone(),
+            })
+            .collect()
+    }
 }
 
 /// The input channel state of one subtask in an unaligned checkpoint.
@@ -66,7 +224,7 @@ type DeferredTable = Box<dyn FnOnce() -> TaskResult<KeyedTableData> + Send>;
 /// asynchronous part and runs off the task thread.
 pub struct OperatorSnapshot {
     uid: String,
-    operator: Vec<(String, Vec<Vec<u8>>)>,
+    operator: Vec<OperatorListData>,
     keyed: Vec<DeferredTable>,
     channel: Option<ChannelStateData>,
 }
@@ -93,8 +251,8 @@ impl OperatorSnapshot {
     }
 
     /// Adds an operator list state.
-    pub fn with_list(mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) -> Self {
-        self.operator.push((name.into(), entries));
+    pub fn with_list(mut self, list: OperatorListData) -> Self {
+        self.operator.push(list);
         self
     }
 
@@ -122,10 +280,10 @@ impl OperatorSnapshot {
 /// list states assigned to it.
 #[derive(Debug, Clone, Default)]
 pub struct RestoredState {
-    /// Keyed tables by name: `(key group, bytes)`, only key groups in this subtask's range.
-    pub keyed: StdHashMap<String, Vec<(u32, Vec<u8>)>>,
-    /// Operator list states by name.
-    pub operator: StdHashMap<String, Vec<Vec<u8>>>,
+    /// Keyed tables by name, holding only key groups in this subtask's range.
+    pub keyed: StdHashMap<String, KeyedTableData>,
+    /// Operator list states by name, holding the entries assigned to this subtask.
+    pub operator: StdHashMap<String, OperatorListData>,
     /// In-flight input data to replay before any new input (unaligned checkpoints).
     pub channel: Option<ChannelStateData>,
 }
@@ -133,12 +291,16 @@ pub struct RestoredState {
 impl RestoredState {
     /// Takes an operator list state out (empty if none was restored).
     pub fn take_list(&mut self, name: &str) -> Vec<Vec<u8>> {
-        self.operator.remove(name).unwrap_or_default()
+        self.operator
+            .remove(name)
+            .map(|l| l.entries)
+            .unwrap_or_default()
     }
 }
 
 trait ErasedTable<K>: Send {
     fn name(&self) -> &str;
+    fn kind(&self) -> StateKind;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     fn snapshot(&self, max_parallelism: u32) -> DeferredTable;
@@ -147,12 +309,16 @@ trait ErasedTable<K>: Send {
 
 struct Table<K, S> {
     name: String,
+    kind: StateKind,
     map: HashMap<K, S>,
 }
 
 impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
     fn name(&self) -> &str {
         &self.name
+    }
+    fn kind(&self) -> StateKind {
+        self.kind
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -164,6 +330,7 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
         // Synchronous part: a copy, so that the task keeps mutating its tables meanwhile.
         let copy = self.map.clone();
         let name = self.name.clone();
+        let kind = self.kind;
         Box::new(move || {
             let mut groups: BTreeMap<u32, Vec<(&K, &S)>> = BTreeMap::new();
             for (k, v) in &copy {
@@ -177,7 +344,12 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
                 })?;
                 out.push((kg, bytes));
             }
-            Ok(KeyedTableData { name, groups: out })
+            Ok(KeyedTableData {
+                name,
+                kind,
+                serializer: SerializerId::postcard::<S>(),
+                groups: out,
+            })
         })
     }
     fn len(&self) -> usize {
@@ -190,7 +362,7 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
 pub struct KeyedContext<K> {
     current: Option<K>,
     tables: Vec<Box<dyn ErasedTable<K>>>,
-    restored: StdHashMap<String, Vec<(u32, Vec<u8>)>>,
+    restored: StdHashMap<String, KeyedTableData>,
     range: KeyGroupRange,
     max_parallelism: u32,
     subtask: u32,
@@ -203,7 +375,7 @@ impl<K: Key> KeyedContext<K> {
         subtask: u32,
         parallelism: u32,
         max_parallelism: u32,
-        restored: StdHashMap<String, Vec<(u32, Vec<u8>)>>,
+        restored: StdHashMap<String, KeyedTableData>,
     ) -> Self {
         KeyedContext {
             current: None,
@@ -246,9 +418,9 @@ impl<K: Key> KeyedContext<K> {
         self.tables.iter().map(|t| t.len()).sum()
     }
 
-    fn register<S: StateValue>(&mut self, name: &str) -> TaskResult<usize> {
+    fn register<S: StateValue>(&mut self, name: &str, kind: StateKind) -> TaskResult<usize> {
         if let Some(idx) = self.tables.iter().position(|t| t.name() == name) {
-            if self.tables[idx].as_any().is::<Table<K, S>>() {
+            if self.tables[idx].as_any().is::<Table<K, S>>() && self.tables[idx].kind() == kind {
                 return Ok(idx);
             }
             return Err(TaskError::msg(format!(
@@ -256,14 +428,17 @@ impl<K: Key> KeyedContext<K> {
             )));
         }
         let mut map: HashMap<K, S> = HashMap::new();
-        if let Some(groups) = self.restored.remove(name) {
-            for (kg, bytes) in groups {
+        if let Some(table) = self.restored.remove(name) {
+            check_restorable(name, &table.serializer, table.kind, kind)?;
+            let was = table.serializer.type_name;
+            for (kg, bytes) in table.groups {
                 if !self.range.contains(kg) {
                     continue;
                 }
                 let type_changed = |e: &dyn std::fmt::Display| {
-                    TaskError::msg(format!(
-                        "cannot restore state '{name}' (key group {kg}): {e}; was its type changed?"
+                    TaskError::Unrecoverable(format!(
+                        "cannot restore state '{name}' (key group {kg}) as {}: {e}; it was written as {was}",
+                        std::any::type_name::<S>()
                     ))
                 };
                 // Bytes left over mean the table was written as another type: decoding must
@@ -281,6 +456,7 @@ impl<K: Key> KeyedContext<K> {
         }
         self.tables.push(Box::new(Table {
             name: name.to_string(),
+            kind,
             map,
         }));
         Ok(self.tables.len() - 1)
@@ -347,7 +523,7 @@ impl<K: Key> KeyedContext<K> {
     /// Registers (or looks up) a [`ValueState`] named `name`.
     pub fn value_state<V: StateValue>(&mut self, name: &str) -> TaskResult<ValueState<V>> {
         Ok(ValueState {
-            idx: self.register::<V>(name)?,
+            idx: self.register::<V>(name, StateKind::Value)?,
             _v: PhantomData,
         })
     }
@@ -355,7 +531,7 @@ impl<K: Key> KeyedContext<K> {
     /// Registers (or looks up) a [`ListState`] named `name`.
     pub fn list_state<V: StateValue>(&mut self, name: &str) -> TaskResult<ListState<V>> {
         Ok(ListState {
-            idx: self.register::<Vec<V>>(name)?,
+            idx: self.register::<Vec<V>>(name, StateKind::List)?,
             _v: PhantomData,
         })
     }
@@ -366,7 +542,7 @@ impl<K: Key> KeyedContext<K> {
         name: &str,
     ) -> TaskResult<MapState<UK, UV>> {
         Ok(MapState {
-            idx: self.register::<HashMap<UK, UV>>(name)?,
+            idx: self.register::<HashMap<UK, UV>>(name, StateKind::Map)?,
             _v: PhantomData,
         })
     }
@@ -378,7 +554,7 @@ impl<K: Key> KeyedContext<K> {
         reduce: impl Fn(&V, &V) -> V + Send + Sync + 'static,
     ) -> TaskResult<ReducingState<V>> {
         Ok(ReducingState {
-            idx: self.register::<V>(name)?,
+            idx: self.register::<V>(name, StateKind::Reducing)?,
             reduce: Arc::new(reduce),
         })
     }
@@ -390,15 +566,30 @@ impl<K: Key> KeyedContext<K> {
         for t in &self.tables {
             snap.keyed.push(t.snapshot(self.max_parallelism));
         }
-        for (name, groups) in &self.restored {
-            let data = KeyedTableData {
-                name: name.clone(),
-                groups: groups.clone(),
-            };
+        for table in self.restored.values() {
+            let data = table.clone();
             snap.keyed.push(Box::new(move || Ok(data)));
         }
         snap
     }
+}
+
+/// Whether restored state written as `was` by `serializer` can be registered as `now`: a
+/// mismatch is [`TaskError::Unrecoverable`], since restarting from the same state cannot help.
+pub(crate) fn check_restorable(
+    name: &str,
+    serializer: &SerializerId,
+    was: StateKind,
+    now: StateKind,
+) -> TaskResult {
+    if was != now {
+        return Err(TaskError::Unrecoverable(format!(
+            "state '{name}' was written as {was} state and is now registered as {now} state; a state's kind cannot change"
+        )));
+    }
+    serializer
+        .check_readable(name)
+        .map_err(TaskError::Unrecoverable)
 }
 
 /// A single value per key.
@@ -579,9 +770,12 @@ impl<V: StateValue> ReducingState<V> {
 mod tests {
     use super::*;
 
-    fn restored_from(snap: OperatorSnapshot) -> StdHashMap<String, Vec<(u32, Vec<u8>)>> {
+    fn restored_from(snap: OperatorSnapshot) -> StdHashMap<String, KeyedTableData> {
         let data = snap.finish().unwrap();
-        data.keyed.into_iter().map(|t| (t.name, t.groups)).collect()
+        data.keyed
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect()
     }
 
     #[test]
@@ -654,9 +848,61 @@ mod tests {
         assert!(err.contains("'v' is already registered"), "{err}");
         let mut back: KeyedContext<u64> =
             KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
-        let err = back.map_state::<u64, u64>("v").err().unwrap().to_string();
-        assert!(err.contains("cannot restore state 'v'"), "{err}");
+        let err = back.map_state::<u64, u64>("v").err().unwrap();
+        assert!(matches!(err, TaskError::Unrecoverable(_)), "{err}");
+        assert!(
+            err.to_string()
+                .contains("'v' was written as value state and is now registered as map state"),
+            "{err}"
+        );
+        let mut back: KeyedContext<u64> =
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+        let err = back.value_state::<u64>("v").err().unwrap();
+        assert!(matches!(err, TaskError::Unrecoverable(_)), "{err}");
+        assert!(err.to_string().contains("alloc::string::String"), "{err}");
         assert_eq!(back.entries(), 0);
+    }
+
+    #[test]
+    fn a_changed_kind_with_the_same_type_is_refused() {
+        // A value and a reducing state of u64 have the same bytes: only the kind tells them apart.
+        let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state::<u64>("n").unwrap();
+        ctx.set_current_key(1);
+        v.update(&mut ctx, 5).unwrap();
+        let mut back: KeyedContext<u64> =
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+        let err = back.reducing_state::<u64>("n", |a, b| a + b).err().unwrap();
+        assert!(
+            err.to_string()
+                .contains("'n' was written as value state and is now registered as reducing state"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn state_of_an_unknown_serializer_or_a_newer_version_is_refused() {
+        let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state::<u64>("n").unwrap();
+        ctx.set_current_key(1);
+        v.update(&mut ctx, 5).unwrap();
+        let tables = restored_from(ctx.snapshot("op"));
+        assert_eq!(tables["n"].serializer.id, SERDE_POSTCARD);
+        assert_eq!(tables["n"].serializer.version, SERDE_POSTCARD_VERSION);
+        assert_eq!(tables["n"].serializer.type_name, "u64");
+        let mut newer = tables.clone();
+        newer.get_mut("n").unwrap().serializer.version = SERDE_POSTCARD_VERSION + 1;
+        let mut back: KeyedContext<u64> = KeyedContext::new(0, 1, 128, newer);
+        let err = back.value_state::<u64>("n").err().unwrap().to_string();
+        assert!(
+            err.contains("version 2; this build reads versions up to 1"),
+            "{err}"
+        );
+        let mut other = tables;
+        other.get_mut("n").unwrap().serializer.id = "avro".into();
+        let mut back: KeyedContext<u64> = KeyedContext::new(0, 1, 128, other);
+        let err = back.value_state::<u64>("n").err().unwrap().to_string();
+        assert!(err.contains("serializer 'avro'"), "{err}");
     }
 
     #[test]

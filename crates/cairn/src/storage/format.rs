@@ -29,8 +29,10 @@ use std::fmt;
 
 use thiserror::Error;
 
-/// The current (and only supported) version of the checkpoint file format.
-pub const FORMAT_VERSION: u16 = 1;
+/// The current (and only supported) version of the checkpoint file format. Version 2:
+/// keys are placed in key groups by their stable key encoding, and every state carries
+/// its kind and serializer; version 1 files are refused, since their key groups differ.
+pub const FORMAT_VERSION: u16 = 2;
 
 /// Magic bytes at the start of every checkpoint file.
 pub const MAGIC: [u8; 6] = *b"CAIRN\x00";
@@ -281,7 +283,7 @@ mod tests {
         assert_eq!(frame.len(), HEADER_LEN + 3);
         assert_eq!(&frame[..6], b"CAIRN\x00");
         assert_eq!(frame[6], 2);
-        assert_eq!(&frame[7..9], &1u16.to_le_bytes());
+        assert_eq!(&frame[7..9], &FORMAT_VERSION.to_le_bytes());
         assert_eq!(&frame[9..17], &3u64.to_le_bytes());
         assert_eq!(&frame[17..21], &crc32fast::hash(b"abc").to_le_bytes());
         assert_eq!(&frame[21..], b"abc");
@@ -338,10 +340,13 @@ mod tests {
     #[test]
     fn unsupported_version_is_rejected() {
         let mut bytes = encode_frame(FileKind::Metadata, b"payload");
-        bytes[VERSION_OFFSET..VERSION_OFFSET + 2].copy_from_slice(&2u16.to_le_bytes());
-        let err = decode_frame(FileKind::Metadata, &bytes).unwrap_err();
-        assert_eq!(err, FormatError::UnsupportedVersion(2));
-        assert!(err.to_string().contains("version 2"), "{err}");
+        // Version 1 (cairn before stable key encodings and state descriptors) and a future one.
+        for v in [1u16, FORMAT_VERSION + 1] {
+            bytes[VERSION_OFFSET..VERSION_OFFSET + 2].copy_from_slice(&v.to_le_bytes());
+            let err = decode_frame(FileKind::Metadata, &bytes).unwrap_err();
+            assert_eq!(err, FormatError::UnsupportedVersion(v));
+            assert!(err.to_string().contains(&format!("version {v}")), "{err}");
+        }
     }
 
     #[test]

@@ -6,14 +6,19 @@ use std::path::PathBuf;
 
 use cairn::checkpoint::restore::TaskStateFile;
 use cairn::checkpoint::{
-    load_checkpoint, CheckpointMetadata, OperatorMetadata, SubtaskStateHandle, TaskAck,
-    TaskCheckpointStats,
+    load_checkpoint, CheckpointMetadata, OperatorMetadata, OperatorStates, SubtaskStateHandle,
+    TaskAck, TaskCheckpointStats,
 };
 use cairn::cluster::frame::{read_frame, write_frame};
-use cairn::cluster::protocol::{DataMsg, DeploySpec, ToCoordinator, ToWorker, WireEvent};
+use cairn::cluster::protocol::{
+    DataMsg, DeploySpec, ToCoordinator, ToWorker, WireEvent, WireTaskError,
+};
 use cairn::config::JobConfig;
 use cairn::runtime::channel::{Barrier, BarrierKind, ControlMail, DataFrame};
-use cairn::state::{ChannelStateData, KeyedTableData, OperatorStateData};
+use cairn::state::{
+    ChannelStateData, KeyedTableData, OperatorListData, OperatorStateData, SerializerId,
+    StateDescriptor, StateKind,
+};
 use cairn::storage::format::{decode, encode, encode_frame, FileKind};
 use cairn::storage::{CheckpointStorage, MemoryStorage};
 
@@ -130,7 +135,14 @@ pub mod seeds {
                     task_index: 1,
                     attempt: 0,
                     file: Some("task-0-1".into()),
-                    uids: vec!["count".into()],
+                    operators: vec![OperatorStates {
+                        uid: "count".into(),
+                        states: vec![StateDescriptor {
+                            name: "counts".into(),
+                            kind: StateKind::Value,
+                            serializer: SerializerId::postcard::<u64>(),
+                        }],
+                    }],
                     stats: TaskCheckpointStats {
                         task: "count".into(),
                         subtask: 1,
@@ -145,7 +157,7 @@ pub mod seeds {
                 event: WireEvent::Exited {
                     attempt: 0,
                     task: 2,
-                    error: Some("boom".into()),
+                    error: Some(WireTaskError::Failed("boom".into())),
                 },
             },
             ToCoordinator::AttemptCancelled {
@@ -181,6 +193,11 @@ pub mod seeds {
                             file: "task-1-1".into(),
                         },
                     ],
+                    states: vec![StateDescriptor {
+                        name: "counts".into(),
+                        kind: StateKind::Value,
+                        serializer: SerializerId::postcard::<u64>(),
+                    }],
                 },
                 OperatorMetadata {
                     uid: "source".into(),
@@ -188,6 +205,11 @@ pub mod seeds {
                     subtasks: vec![SubtaskStateHandle {
                         subtask: 0,
                         file: "task-0-0".into(),
+                    }],
+                    states: vec![StateDescriptor {
+                        name: "splits".into(),
+                        kind: StateKind::OperatorList,
+                        serializer: SerializerId::postcard::<u64>(),
                     }],
                 },
             ],
@@ -208,9 +230,19 @@ pub mod seeds {
                 uid: uid.into(),
                 keyed: vec![KeyedTableData {
                     name: "counts".into(),
+                    kind: StateKind::Value,
+                    serializer: SerializerId::postcard::<u64>(),
                     groups: vec![(subtask * 4, vec![1, 2]), (subtask * 4 + 3, vec![3])],
                 }],
-                operator: vec![("splits".into(), vec![vec![9, 9], vec![]])],
+                operator: vec![
+                    OperatorListData::connector("splits", "source split", vec![vec![9, 9], vec![]]),
+                    OperatorListData {
+                        name: "everyone".into(),
+                        kind: StateKind::UnionList,
+                        serializer: SerializerId::postcard::<u8>(),
+                        entries: vec![vec![1]],
+                    },
+                ],
                 channel: Some(ChannelStateData {
                     channels_total: 2,
                     channels: vec![(0, vec![vec![5]]), (1, vec![vec![6], vec![7, 8]])],
@@ -319,7 +351,11 @@ pub fn check_restore(input: &[u8]) -> bool {
         for parallelism in [p, p + 1] {
             for subtask in 0..parallelism.min(4) {
                 let r = c.restored_for(&uid, subtask, parallelism);
-                assert!(r.keyed.values().flatten().all(|(kg, _)| *kg < maxp));
+                assert!(r
+                    .keyed
+                    .values()
+                    .flat_map(|t| &t.groups)
+                    .all(|(kg, _)| *kg < maxp));
                 if let Some(ch) = r.channel {
                     assert!(ch.channels.iter().all(|(i, _)| *i < ch.channels_total));
                 }

@@ -62,6 +62,8 @@ struct Failure {
     cause: String,
     /// The pipelined regions it is confined to (None: the whole job).
     regions: Option<BTreeSet<usize>>,
+    /// No restart can fix it ([`TaskError::Unrecoverable`]): the job fails at once.
+    unrecoverable: bool,
 }
 
 impl Failure {
@@ -69,6 +71,7 @@ impl Failure {
         Failure {
             cause,
             regions: None,
+            unrecoverable: false,
         }
     }
 }
@@ -87,6 +90,8 @@ pub(crate) enum MasterFlaw {
     /// A restart restores from the state the run started with, not from the newest completed
     /// checkpoint (the sinks already committed what came after it).
     StaleRestore,
+    /// An unrecoverable task failure is restarted like any other (into the same failure).
+    RestartsUnrecoverable,
 }
 
 /// A subtask index that runs in no attempt: its events are stale.
@@ -420,6 +425,7 @@ impl MasterCore {
                 (!regions.is_empty()).then_some(Failure {
                     cause: reason,
                     regions: Some(regions),
+                    unrecoverable: false,
                 })
             }
             JobEvent::Exited {
@@ -441,6 +447,7 @@ impl MasterCore {
                     Err(e) => Some(Failure {
                         cause: e.to_string(),
                         regions: Some(BTreeSet::from([self.region_of_task[task]])),
+                        unrecoverable: matches!(e, TaskError::Unrecoverable(_)),
                     }),
                 }
             }
@@ -522,6 +529,9 @@ impl MasterCore {
     /// backoff; the job's end if the strategy gives up.
     fn on_failure(&mut self, failure: Failure, now: Instant) {
         let checkpointing = self.coordinator.is_some();
+        let unrecoverable = failure.unrecoverable;
+        #[cfg(test)]
+        let unrecoverable = unrecoverable && self.flaw != Some(MasterFlaw::RestartsUnrecoverable);
         let all: BTreeSet<usize> = (0..self.regions.len()).collect();
         let scope = match failure.regions {
             Some(r) if self.region_failover && !self.end_sent && checkpointing => r,
@@ -558,6 +568,13 @@ impl MasterCore {
                 cause,
                 "checkpointing is disabled, so nothing can be restored (at-most-once)".into(),
             );
+            return;
+        }
+        if unrecoverable {
+            if scope != all {
+                self.cancel_all();
+            }
+            self.fail(cause, "no restart can fix this failure".into());
             return;
         }
         let Some(delay) = self.decide_restart(cause, now) else {
