@@ -1,5 +1,6 @@
 //! `cairn bench`: wordcount throughput under several checkpoint settings, measured as whole
-//! processes (start to exit) of this same binary, in one run, with ratios.
+//! processes (start to exit) of this same binary, in one run, with ratios; and (`savepoint`)
+//! checkpoints vs savepoints of one embedded job.
 
 use std::process::Command;
 use std::time::Instant;
@@ -9,14 +10,17 @@ use clap::Args;
 
 use crate::human;
 
+mod savepoint;
+
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Records to generate per run.
-    #[arg(long, default_value_t = 20_000_000)]
-    records: u64,
-    /// Distinct words.
-    #[arg(long, default_value_t = 100_000)]
-    keys: u64,
+    /// Records to generate per run [default: 20000000; `savepoint`: until the benchmark stops
+    /// the job].
+    #[arg(long)]
+    records: Option<u64>,
+    /// Distinct words [default: 100000; `savepoint`: 100000,10000000, one run each].
+    #[arg(long, value_delimiter = ',')]
+    keys: Vec<u64>,
     /// Parallelisms to compare.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1u32, 2])]
     parallelism: Vec<u32>,
@@ -28,9 +32,30 @@ pub struct BenchArgs {
     repeat: u32,
     /// `throughput`: wordcount vs checkpoint interval and parallelism; `modes`: checkpoint
     /// modes under backpressure (aligned, unaligned, aligned with timeout) and at-least-once vs
-    /// exactly-once throughput.
+    /// exactly-once throughput; `cluster`: embedded vs cluster throughput and recovery from a
+    /// lost worker; `savepoint`: a checkpoint vs a savepoint of the same state, and the time a
+    /// stop-with-savepoint takes.
     #[arg(long, default_value = "throughput")]
     suite: String,
+}
+
+impl BenchArgs {
+    /// `--records`, for the suites that run a fixed number of records.
+    fn records(&self) -> u64 {
+        self.records.unwrap_or(20_000_000)
+    }
+
+    /// `--keys`, for the suites that take one key count.
+    fn keys(&self) -> Result<u64> {
+        match self.keys.as_slice() {
+            [] => Ok(100_000),
+            [keys] => Ok(*keys),
+            _ => bail!(
+                "--keys takes one value with --suite {}; only --suite savepoint compares several",
+                self.suite
+            ),
+        }
+    }
 }
 
 struct Row {
@@ -81,6 +106,7 @@ fn stat(cps: &[serde_json::Value], field: &str) -> (u64, u64) {
 }
 
 fn modes(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> Result<()> {
+    let (wc_records, wc_keys) = (args.records(), args.keys()?);
     let records = 1_500_000u64;
     let sink_rate = 150_000u64;
     let interval = "500ms";
@@ -155,7 +181,7 @@ fn modes(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> 
     println!();
     println!(
         "wordcount --generate {} --keys {} --discard, p=2: at-least-once vs exactly-once (best of {})",
-        args.records, args.keys, args.repeat
+        wc_records, wc_keys, args.repeat
     );
     let mut rates = Vec::new();
     for interval in ["1s", "100ms"] {
@@ -170,9 +196,9 @@ fn modes(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> 
                     "-p".into(),
                     "2".into(),
                     "--generate".into(),
-                    args.records.to_string(),
+                    wc_records.to_string(),
                     "--keys".into(),
-                    args.keys.to_string(),
+                    wc_keys.to_string(),
                     "--checkpoint-interval".into(),
                     interval.into(),
                     "--mode".into(),
@@ -182,7 +208,7 @@ fn modes(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> 
                 ];
                 let (secs, _) = run_child(exe, scratch, &format!("wc-{mode}-{interval}-{r}"), &a)?;
                 let _ = std::fs::remove_dir_all(&dir);
-                best = best.max(args.records as f64 / secs);
+                best = best.max(wc_records as f64 / secs);
             }
             rates.push((interval, mode, best));
         }
@@ -292,6 +318,7 @@ fn poll<T>(
 /// Embedded vs cluster throughput, and the time from a worker's SIGKILL to the job running again.
 fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> Result<()> {
     use crate::client::Client;
+    let (records, keys) = (args.records(), args.keys()?);
     let ck = scratch.join("cluster-ck");
     let (_coord, bind, rest) = spawn_coordinator(exe, &ck)?;
     let worker_args = vec![
@@ -329,7 +356,7 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
         |jid: &str| -> Option<serde_json::Value> { client.get(&format!("/jobs/{jid}")).ok() };
     println!(
         "wordcount --generate {} --keys {} --discard, checkpoints every 1s (records/s over the job's own run time, best of {})",
-        args.records, args.keys, args.repeat
+        records, keys, args.repeat
     );
     let mut embedded = 0f64;
     for r in 0..args.repeat.max(1) {
@@ -340,16 +367,16 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
             "-p".into(),
             "2".into(),
             "--generate".into(),
-            args.records.to_string(),
+            records.to_string(),
             "--keys".into(),
-            args.keys.to_string(),
+            keys.to_string(),
             "--checkpoint-interval".into(),
             "1s".into(),
             "--checkpoint-dir".into(),
             scratch.join(format!("emb-{r}")).display().to_string(),
         ];
         let (secs, _) = run_child(exe, scratch, &format!("emb-{r}"), &a)?;
-        embedded = embedded.max(args.records as f64 / secs);
+        embedded = embedded.max(records as f64 / secs);
     }
     println!(
         "  embedded p=2          {:>10} records/s",
@@ -363,9 +390,9 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
                 p.to_string(),
                 "--discard".into(),
                 "--generate".into(),
-                args.records.to_string(),
+                records.to_string(),
                 "--keys".into(),
-                args.keys.to_string(),
+                keys.to_string(),
                 "--checkpoint-interval".into(),
                 "1s".into(),
             ])?;
@@ -375,7 +402,7 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
                 || state(&jid).filter(|v| v["state"] == "FINISHED"),
             )?;
             let ms = done["duration"].as_u64().unwrap_or(1).max(1);
-            best = best.max(args.records as f64 * 1000.0 / ms as f64);
+            best = best.max(records as f64 * 1000.0 / ms as f64);
         }
         println!(
             "  cluster p={p} (2 workers) {:>10} records/s  ({:.2} of embedded p=2)",
@@ -450,6 +477,10 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.suite != "savepoint" {
+        // Refused before anything runs: the other suites take one key count.
+        args.keys()?;
+    }
     let exe = std::env::current_exe().context("cannot find the cairn binary")?;
     let scratch = std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)
@@ -466,12 +497,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
-        other => bail!("unknown benchmark suite '{other}'; suites: throughput, modes, cluster"),
+        "savepoint" => {
+            let r = savepoint::run(&args, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
+        other => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            bail!(
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, savepoint"
+            )
+        }
     }
+    let (records, keys) = (args.records(), args.keys()?);
     let mut rows = Vec::new();
     println!(
         "wordcount --generate {} --keys {} --discard (records/s of the whole process, best of {})",
-        args.records, args.keys, args.repeat
+        records, keys, args.repeat
     );
     for &p in &args.parallelism {
         for interval in &args.intervals {
@@ -483,9 +525,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     "wordcount",
                     "--discard",
                     "--generate",
-                    &args.records.to_string(),
+                    &records.to_string(),
                     "--keys",
-                    &args.keys.to_string(),
+                    &keys.to_string(),
                     "--parallelism",
                     &p.to_string(),
                     "--checkpoint-interval",
@@ -502,7 +544,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let row = Row {
                     parallelism: p,
                     interval: interval.clone(),
-                    rate: args.records as f64 / secs,
+                    rate: records as f64 / secs,
                     checkpoints: cps.len(),
                     median_ms: stat(&cps, "duration_ms").0,
                     size: cps

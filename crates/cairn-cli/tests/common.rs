@@ -275,3 +275,63 @@ impl Watched {
         }
     }
 }
+
+/// A coordinator on ports the system picks, with workers of two slots each, all killed when
+/// dropped.
+pub struct Cluster {
+    pub coordinator: Watched,
+    pub workers: Vec<Watched>,
+    /// The coordinator's REST API, read back from the line it prints once it listens.
+    pub rest: SocketAddr,
+}
+
+impl Cluster {
+    /// Starts a coordinator keeping checkpoints under `checkpoint_dir` and `workers` workers;
+    /// panics if the coordinator does not listen before `deadline`.
+    pub fn start(checkpoint_dir: &Path, workers: usize, deadline: Instant) -> Cluster {
+        let mut coordinator = Watched::spawn(
+            cairn()
+                .args([
+                    "coordinator",
+                    "--bind",
+                    "127.0.0.1:0",
+                    "--rest",
+                    "127.0.0.1:0",
+                    "--checkpoint-dir",
+                ])
+                .arg(checkpoint_dir),
+        );
+        let line = coordinator.wait_for_line("coordinator listening for workers on ", deadline);
+        let (bind, rest) = line
+            .split_once(", REST API on http://")
+            .unwrap_or_else(|| panic!("unexpected line {line:?}"));
+        let rest = rest
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("bad REST address in {line:?}: {e}"));
+        let workers = (0..workers)
+            .map(|_| {
+                Watched::spawn(cairn().args([
+                    "worker",
+                    "--coordinator",
+                    bind.trim(),
+                    "--slots",
+                    "2",
+                ]))
+            })
+            .collect();
+        Cluster {
+            coordinator,
+            workers,
+            rest,
+        }
+    }
+
+    /// Fails the test with its stderr if the coordinator or a worker has exited.
+    pub fn assert_running(&mut self) {
+        self.coordinator.assert_running();
+        for w in &mut self.workers {
+            w.assert_running();
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Flink's own command-line client against cairn: `org.apache.flink.client.cli.CliFrontend`
 //! from the flink-dist jar of the PyPI package `apache-flink-libraries` 2.3.0, run with Java,
-//! lists and cancels a running job of a cairn coordinator and of `cairn run --rest`; and
+//! lists and cancels a running job of a cairn coordinator and of `cairn run --rest`, takes,
+//! disposes and stops with savepoints of both, and reports a savepoint that fails; and
 //! Flink's REST response classes read every answer cairn gives to the endpoints they model
 //! (`tests/java/RestSchema.java`).
 //!
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Watched;
+use common::{Cluster, Watched};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -85,8 +86,8 @@ impl Flink {
             .unwrap_or_else(|e| panic!("cannot start java (Java 17 is needed): {e}"))
     }
 
-    /// `flink ACTION -m ADDR ARGS..` through Flink's CliFrontend; asserts success, returns stdout.
-    fn cli(&self, action: &str, addr: SocketAddr, args: &[&str]) -> String {
+    /// `flink ACTION -m ADDR ARGS..` through Flink's CliFrontend.
+    fn run_cli(&self, action: &str, addr: SocketAddr, args: &[&str]) -> Output {
         let addr = addr.to_string();
         let mut all = vec![
             "org.apache.flink.client.cli.CliFrontend",
@@ -95,7 +96,12 @@ impl Flink {
             addr.as_str(),
         ];
         all.extend(args);
-        let out = self.java(&all);
+        self.java(&all)
+    }
+
+    /// `flink ACTION -m ADDR ARGS..`; asserts success, returns stdout.
+    fn cli(&self, action: &str, addr: SocketAddr, args: &[&str]) -> String {
+        let out = self.run_cli(action, addr, args);
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
@@ -104,6 +110,21 @@ impl Flink {
             String::from_utf8_lossy(&out.stderr)
         );
         stdout
+    }
+
+    /// `flink ACTION -m ADDR ARGS..`; asserts that it fails, returns stdout and stderr.
+    fn cli_fails(&self, action: &str, addr: SocketAddr, args: &[&str]) -> String {
+        let out = self.run_cli(action, addr, args);
+        let all = format!(
+            "stdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success(),
+            "flink {action} succeeded where it should fail:\n{all}"
+        );
+        all
     }
 
     /// Reads cairn's answers with Flink's REST response classes; returns what they read.
@@ -249,34 +270,9 @@ fn flink_cli_lists_and_cancels_a_job_of_cairn_run_rest_with_a_token() {
     assert_eq!(last, Some("error: job cancelled"), "stderr:\n{stderr}");
 }
 
-#[test]
-fn flink_cli_lists_and_cancels_a_job_of_a_coordinator() {
-    let flink = Flink::new(None);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut coordinator = Watched::spawn(common::cairn().args([
-        "coordinator",
-        "--bind",
-        "127.0.0.1:0",
-        "--rest",
-        "127.0.0.1:0",
-        "--checkpoint-dir",
-        &dir.path().join("checkpoints").display().to_string(),
-    ]));
-    let line = coordinator.wait_for_line(
-        "coordinator listening for workers on ",
-        Instant::now() + DEADLINE,
-    );
-    let (workers, rest) = line
-        .split_once(", REST API on http://")
-        .unwrap_or_else(|| panic!("unexpected line {line:?}"));
-    let rest: SocketAddr = rest.trim().parse().expect("REST address");
-    let mut worker = Watched::spawn(common::cairn().args([
-        "worker",
-        "--coordinator",
-        workers.trim(),
-        "--slots",
-        "2",
-    ]));
+/// Submits [`LONG_WORDCOUNT`] at parallelism 2 to `cluster`; returns its id once it runs.
+fn submit_long_wordcount(cluster: &mut Cluster) -> String {
+    let rest = cluster.rest;
     let submitted = common::run_ok(
         common::cairn()
             .args(["submit", "--rest", &rest.to_string()])
@@ -284,15 +280,26 @@ fn flink_cli_lists_and_cancels_a_job_of_a_coordinator() {
             .args(["-p", "2"]),
     );
     let submitted = String::from_utf8_lossy(&submitted.stdout).into_owned();
-    let jid = wait_for_job(rest, None, "RUNNING", || {
-        coordinator.assert_running();
-        worker.assert_running();
-    });
+    let jid = wait_for_job(rest, None, "RUNNING", || cluster.assert_running());
     assert_eq!(
         submitted.trim(),
         jid,
         "the submitted job is the running one"
     );
+    jid
+}
+
+#[test]
+fn flink_cli_lists_and_cancels_a_job_of_a_coordinator() {
+    let flink = Flink::new(None);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cluster = Cluster::start(
+        &dir.path().join("checkpoints"),
+        1,
+        Instant::now() + DEADLINE,
+    );
+    let rest = cluster.rest;
+    let jid = submit_long_wordcount(&mut cluster);
 
     // Every answer Flink's REST client has a class for, read by that class.
     let read = flink.read_schema(rest, &jid);
@@ -355,4 +362,72 @@ fn flink_cli_takes_disposes_and_stops_with_savepoints() {
     assert!(stopped.join("_metadata").is_file());
     let (status, stderr) = run.wait(Instant::now() + DEADLINE);
     assert!(status.success(), "a stopped job ends FINISHED: {stderr}");
+}
+
+/// Flink's `savepoint`, `savepoint -d` and `stop` drive savepoints of a coordinator's job,
+/// whose job master runs in the coordinator and whose subtasks run on a worker.
+#[test]
+fn flink_cli_takes_disposes_and_stops_with_savepoints_of_a_coordinator() {
+    let flink = Flink::new(None);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cluster = Cluster::start(
+        &dir.path().join("checkpoints"),
+        1,
+        Instant::now() + DEADLINE,
+    );
+    let rest = cluster.rest;
+    let jid = submit_long_wordcount(&mut cluster);
+
+    let target = dir.path().join("savepoints");
+    let taken =
+        savepoint_path(&flink.cli("savepoint", rest, &[&jid, &target.display().to_string()]));
+    assert!(taken.starts_with(&target), "{}", taken.display());
+    assert!(taken.join("_metadata").is_file(), "{}", taken.display());
+    wait_for_state(rest, &jid, "RUNNING");
+    let disposed = flink.cli("savepoint", rest, &["-d", &taken.display().to_string()]);
+    assert!(disposed.contains("disposed"), "{disposed}");
+    assert!(!taken.exists(), "the savepoint was deleted");
+
+    let last = dir.path().join("final");
+    let stopped = savepoint_path(&flink.cli(
+        "stop",
+        rest,
+        &["--savepointPath", &last.display().to_string(), &jid],
+    ));
+    assert!(stopped.starts_with(&last), "{}", stopped.display());
+    wait_for_state(rest, &jid, "FINISHED");
+    let info = common::run_ok(common::cairn().args(["savepoint", "info"]).arg(&stopped));
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(info.starts_with("savepoint "), "{info}");
+    cluster.assert_running();
+}
+
+/// A savepoint that fails (its directory cannot be created: the path runs through a regular
+/// file) is a failure for Flink's `savepoint` and `stop`: non-zero exit, the cause in the
+/// output; the job goes on running.
+#[test]
+fn flink_cli_reports_a_failed_savepoint_of_a_coordinator() {
+    let flink = Flink::new(None);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cluster = Cluster::start(
+        &dir.path().join("checkpoints"),
+        1,
+        Instant::now() + DEADLINE,
+    );
+    let rest = cluster.rest;
+    let jid = submit_long_wordcount(&mut cluster);
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a directory").expect("write a file");
+    let target = file.join("savepoints").display().to_string();
+    let cause = format!("cannot create savepoint directory {target}");
+
+    let failed = flink.cli_fails("savepoint", rest, &[&jid, &target]);
+    assert!(failed.contains(&cause), "no {cause:?} in:\n{failed}");
+    assert!(!failed.contains("Savepoint completed"), "{failed}");
+    wait_for_state(rest, &jid, "RUNNING");
+
+    let failed = flink.cli_fails("stop", rest, &["--savepointPath", &target, &jid]);
+    assert!(failed.contains(&cause), "no {cause:?} in:\n{failed}");
+    wait_for_state(rest, &jid, "RUNNING");
+    cluster.assert_running();
 }

@@ -280,41 +280,6 @@ fn savepoint_and_stop_from_the_command_line() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("does not exist"));
 }
 
-/// A coordinator and two workers with two slots each; returns them and the REST URL.
-fn cluster(ck: &Path) -> (Watched, Vec<Watched>, String) {
-    let mut coordinator = Watched::spawn(
-        cairn()
-            .args([
-                "coordinator",
-                "--bind",
-                "127.0.0.1:0",
-                "--rest",
-                "127.0.0.1:0",
-                "--checkpoint-dir",
-            ])
-            .arg(ck),
-    );
-    let line = coordinator.wait_for_line(
-        "coordinator listening for workers on ",
-        Instant::now() + DEADLINE,
-    );
-    let (workers, rest) = line
-        .split_once(", REST API on ")
-        .unwrap_or_else(|| panic!("unexpected line {line:?}"));
-    let workers: Vec<Watched> = (0..2)
-        .map(|_| {
-            Watched::spawn(cairn().args([
-                "worker",
-                "--coordinator",
-                workers.trim(),
-                "--slots",
-                "2",
-            ]))
-        })
-        .collect();
-    (coordinator, workers, rest.trim().to_string())
-}
-
 fn job_state(rest: &str, jid: &str) -> String {
     let out = common::run_ok(cairn().args(["status", jid, "--rest", rest]));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -392,7 +357,8 @@ fn cluster_stop_and_resume_at_other_parallelisms_is_exactly_once() {
         dir.path().join("out"),
         dir.path().join("sp"),
     );
-    let (_coordinator, _workers, rest) = cluster(&ck);
+    let cluster = common::Cluster::start(&ck, 2, Instant::now() + DEADLINE);
+    let rest = cluster.rest.to_string();
     let first = submit(&rest, &out, 2, None, RATE);
     let sp1 = stop_after_a_checkpoint(&rest, &ck, &first, &sp);
     let after_first = committed_records(&out);
