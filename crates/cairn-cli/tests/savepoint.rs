@@ -554,3 +554,106 @@ fn no_claim_never_touches_the_snapshot_and_claim_deletes_it_once_subsumed() {
         "{stderr}"
     );
 }
+
+/// The savepoint fixture: a stop-with-savepoint of `wordcount --generate FIXTURE_WORDS --keys
+/// FIXTURE_KEYS` at parallelism 2 taken by this format version, with the output its run had
+/// committed. Regenerate (only when the format changes on purpose, bumping the directory's
+/// version) with `CAIRN_WRITE_SAVEPOINT_FIXTURE=1 cargo test --release -p cairn-cli --test
+/// savepoint committed_savepoint_fixture`.
+const FIXTURE: &str = "tests/fixtures/savepoint-v2";
+const FIXTURE_WORDS: u64 = 6_000;
+const FIXTURE_KEYS: u64 = 40;
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE)
+}
+
+/// Copies the committed files of `from` (not hidden ones) into `to`.
+fn copy_committed(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && !name.starts_with('_') {
+            std::fs::copy(e.path(), to.join(&name)).unwrap();
+        }
+    }
+}
+
+fn write_savepoint_fixture(fixture: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, ck) = (dir.path().join("out"), dir.path().join("ck"));
+    let mut cmd = cairn();
+    cmd.args(["run", "wordcount", "--generate", &FIXTURE_WORDS.to_string()])
+        .args(["--keys", &FIXTURE_KEYS.to_string(), "--rate", "3000"])
+        .args(["--checkpoint-interval", "200ms", "-p", "2", "--output"])
+        .arg(&out)
+        .arg("--checkpoint-dir")
+        .arg(&ck)
+        .arg("--savepoint-on-exit")
+        .arg(dir.path().join("sp"));
+    let mut run = Watched::spawn(&mut cmd);
+    let until = Instant::now() + DEADLINE;
+    while !a_checkpoint_completed(&ck) {
+        run.assert_running();
+        assert!(Instant::now() < until, "no checkpoint completed in time");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    run.terminate();
+    let sp = PathBuf::from(run.wait_for_line("savepoint stored in ", until));
+    let (status, stderr) = run.wait(until);
+    assert!(status.success(), "{stderr}");
+    let _ = std::fs::remove_dir_all(fixture);
+    copy_dir(&sp, &fixture.join("savepoint"));
+    copy_committed(&out, &fixture.join("output"));
+}
+
+/// A savepoint taken by this format version, committed in the repository, restores — at
+/// another parallelism — and the job continues exactly once from it. A change that breaks
+/// savepoint compatibility (the key encoding, the hash, a state's encoding, the file format)
+/// fails here.
+#[test]
+fn committed_savepoint_fixture_restores_and_continues_exactly_once() {
+    let fixture = fixture_dir();
+    if std::env::var_os("CAIRN_WRITE_SAVEPOINT_FIXTURE").is_some() {
+        write_savepoint_fixture(&fixture);
+    }
+    let info = common::run_ok(
+        cairn()
+            .args(["savepoint", "info"])
+            .arg(fixture.join("savepoint")),
+    );
+    let info = String::from_utf8_lossy(&info.stdout);
+    for line in [
+        "max parallelism: 128",
+        "operator 'count': parallelism 2",
+        "  state 'count': value state, serializer cairn.serde-postcard v1 of u64",
+        "  state 'splits': operator list state, serializer cairn.serde-postcard v1 of source split",
+        "  state 'pending': operator list state, serializer cairn.serde-postcard v1 of sink transaction",
+    ] {
+        assert!(info.contains(line), "missing {line:?} in\n{info}");
+    }
+
+    // The fixture stays untouched: the run works on copies of it.
+    let dir = tempfile::tempdir().unwrap();
+    let (out, sp) = (dir.path().join("out"), dir.path().join("sp"));
+    copy_committed(&fixture.join("output"), &out);
+    copy_dir(&fixture.join("savepoint"), &sp);
+    let before = committed_records(&out);
+    assert!(
+        before > 0 && before < FIXTURE_WORDS,
+        "the fixture's run stopped mid-way: {before} of {FIXTURE_WORDS}"
+    );
+    let mut cmd = cairn();
+    cmd.args(["run", "wordcount", "--generate", &FIXTURE_WORDS.to_string()])
+        .args(["--keys", &FIXTURE_KEYS.to_string(), "-p", "3", "--output"])
+        .arg(&out)
+        .arg("--checkpoint-dir")
+        .arg(dir.path().join("ck"))
+        .arg("--from")
+        .arg(&sp);
+    let (status, stderr) = Watched::spawn(&mut cmd).wait(Instant::now() + DEADLINE);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("restored from"), "{stderr}");
+    assert_exactly_once(&out, &generated_counts(FIXTURE_WORDS, FIXTURE_KEYS));
+    assert_no_leftovers(&out);
+}
