@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crossbeam_channel::{Receiver, Sender};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::CheckpointMetadata;
@@ -145,6 +146,9 @@ pub struct JobStatus {
     cancel: AtomicBool,
     commands: Mutex<Vec<JobCommand>>,
     completed_seen: std::sync::atomic::AtomicUsize,
+    /// Wakes the job master when a command or a cancel is requested (capacity 1: one pending
+    /// nudge is enough, the master takes every command when it wakes).
+    nudge: (Sender<()>, Receiver<()>),
 }
 
 impl JobStatus {
@@ -170,6 +174,7 @@ impl JobStatus {
             cancel: AtomicBool::new(false),
             commands: Mutex::new(Vec::new()),
             completed_seen: std::sync::atomic::AtomicUsize::new(0),
+            nudge: crossbeam_channel::bounded(1),
         })
     }
 
@@ -247,6 +252,7 @@ impl JobStatus {
             Ok(mut c) => c.push(command),
             Err(p) => p.into_inner().push(command),
         }
+        let _ = self.nudge.0.try_send(());
         request_id
     }
 
@@ -287,6 +293,13 @@ impl JobStatus {
     /// Asks the job to cancel.
     pub fn request_cancel(&self) {
         self.cancel.store(true, Ordering::Release);
+        let _ = self.nudge.0.try_send(());
+    }
+
+    /// Ready when a command or a cancel was requested: the job master waits on it beside its
+    /// events, so that it acts on a request at once.
+    pub fn nudges(&self) -> Receiver<()> {
+        self.nudge.1.clone()
     }
 
     /// Whether a cancel was requested.

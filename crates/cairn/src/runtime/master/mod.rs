@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::Receiver;
 use tracing::{info, warn};
 
 #[cfg(test)]
@@ -39,7 +39,7 @@ use crate::checkpoint::{
 use crate::error::TaskError;
 use crate::storage::FsStorage;
 
-/// How often the loop wakes with nothing to do (progress lines, cancel requests).
+/// How often the loop wakes with nothing to do (progress lines).
 const IDLE_WAKE: Duration = Duration::from_millis(200);
 /// How often the progress callback runs.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
@@ -72,6 +72,8 @@ pub(crate) struct JobMaster<'a> {
     graph: &'a JobGraph,
     deployer: Deployer<'a>,
     events: Receiver<JobEvent>,
+    /// Ready when the status has a request (savepoint, stop, cancel) for the master.
+    nudges: Receiver<()>,
     status: Arc<JobStatus>,
     regions: Vec<Vec<usize>>,
     /// The state regions are deployed from when no checkpoint completed in this run.
@@ -106,6 +108,7 @@ impl<'a> JobMaster<'a> {
             graph: setup.graph,
             deployer: setup.deployer,
             events: setup.events,
+            nudges: setup.status.nudges(),
             status: setup.status,
             deployments: (0..setup.regions.len()).map(|_| None).collect(),
             regions: setup.regions,
@@ -165,15 +168,16 @@ impl<'a> JobMaster<'a> {
             }
             let idle = now + IDLE_WAKE;
             let wake = self.core.next_wake(now).map_or(idle, |w| w.min(idle));
-            match self
-                .events
-                .recv_timeout(wake.saturating_duration_since(now))
-            {
-                Ok(e) => self.core.on_event(e, Instant::now()),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => self
-                    .core
-                    .on_job_failure("event channel closed".into(), Instant::now()),
+            // A savepoint, stop or cancel request wakes the loop at once.
+            crossbeam_channel::select! {
+                recv(self.events) -> e => match e {
+                    Ok(e) => self.core.on_event(e, Instant::now()),
+                    Err(_) => self
+                        .core
+                        .on_job_failure("event channel closed".into(), Instant::now()),
+                },
+                recv(self.nudges) -> _ => {}
+                default(wake.saturating_duration_since(now)) => {}
             }
             self.perform(Instant::now());
             self.report();
