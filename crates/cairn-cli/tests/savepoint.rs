@@ -643,15 +643,32 @@ fn committed_savepoint_fixture_restores_and_continues_exactly_once() {
         before > 0 && before < FIXTURE_WORDS,
         "the fixture's run stopped mid-way: {before} of {FIXTURE_WORDS}"
     );
-    let mut cmd = cairn();
-    cmd.args(["run", "wordcount", "--generate", &FIXTURE_WORDS.to_string()])
-        .args(["--keys", &FIXTURE_KEYS.to_string(), "-p", "3", "--output"])
-        .arg(&out)
-        .arg("--checkpoint-dir")
-        .arg(dir.path().join("ck"))
-        .arg("--from")
-        .arg(&sp);
-    let (status, stderr) = Watched::spawn(&mut cmd).wait(Instant::now() + DEADLINE);
+    let resume = || {
+        let mut cmd = cairn();
+        cmd.args(["run", "wordcount", "--generate", &FIXTURE_WORDS.to_string()])
+            .args(["--keys", &FIXTURE_KEYS.to_string(), "-p", "3", "--output"])
+            .arg(&out)
+            .arg("--checkpoint-dir")
+            .arg(dir.path().join("ck"))
+            .arg("--from")
+            .arg(&sp);
+        cmd
+    };
+
+    // Another max parallelism would put keys in other key groups: refused before anything runs.
+    let refused = resume()
+        .args(["-D", "pipeline.max-parallelism=256"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("was taken with max parallelism 128, the job has 256"),
+        "{stderr}"
+    );
+    assert_eq!(committed_records(&out), before);
+
+    let (status, stderr) = Watched::spawn(&mut resume()).wait(Instant::now() + DEADLINE);
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("restored from"), "{stderr}");
     assert_exactly_once(&out, &generated_counts(FIXTURE_WORDS, FIXTURE_KEYS));
