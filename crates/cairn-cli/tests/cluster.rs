@@ -407,6 +407,132 @@ fn a_coordinator_killed_after_completing_a_checkpoint_resumes_from_it() {
     assert_no_leftovers(&out_dir);
 }
 
+/// A job submitted `--from` a savepoint whose coordinator is killed before the job completed
+/// any checkpoint of its own resumes from that savepoint — not from scratch and not from
+/// another job's checkpoint — and its output stays exactly once across both runs.
+#[test]
+fn a_coordinator_killed_before_a_restored_job_checkpointed_resumes_it_from_its_savepoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("cluster.log");
+    let (ck, out, sp) = (
+        tmp.path().join("ck"),
+        tmp.path().join("out"),
+        tmp.path().join("sp"),
+    );
+    let records = 200_000u64;
+    let flags = |sink_rate: &str, interval: &str| -> Vec<String> {
+        [
+            "--generate",
+            &records.to_string(),
+            "--keys",
+            "500",
+            "--sink-rate",
+            sink_rate,
+            "--checkpoint-interval",
+            interval,
+            "--output",
+            &out.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+
+    // A savepoint of an embedded run, stopped mid-way.
+    let ck0 = tmp.path().join("ck0");
+    let mut first = cairn();
+    first
+        .args(["run", "backpressure", "-p", "2"])
+        .args(flags("40000", "100ms"))
+        .arg("--checkpoint-dir")
+        .arg(&ck0)
+        .arg("--savepoint-on-exit")
+        .arg(&sp);
+    let mut first = Watched::spawn(&mut first);
+    let until = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_dir(&ck0).is_ok_and(|jobs| {
+        jobs.flatten().any(|j| {
+            std::fs::read_dir(j.path())
+                .is_ok_and(|d| d.flatten().any(|c| c.path().join("_metadata").is_file()))
+        })
+    }) {
+        first.assert_running();
+        assert!(
+            Instant::now() < until,
+            "the first run completed no checkpoint"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first.terminate();
+    let savepoint = first.wait_for_line("savepoint stored in ", until);
+    let (status, stderr) = first.wait(until);
+    assert!(status.success(), "{stderr}");
+    let savepoint_id: u64 = run_ok(cairn().args(["savepoint", "info", &savepoint]))
+        .stdout
+        .split(|b| *b == b' ')
+        .nth(1)
+        .and_then(|w| std::str::from_utf8(w).ok()?.parse().ok())
+        .expect("`savepoint info` names the savepoint's id");
+
+    // The cluster runs it on from the savepoint at parallelism 4, with no checkpoint of its
+    // own before the coordinator dies: an hour's interval, and a slow sink.
+    let coord = coordinator(&ck, &log);
+    let _workers = [worker(coord.bind, &log), worker(coord.bind, &log)];
+    let mut args = vec!["-p".to_string(), "4".into(), "--from".into(), savepoint];
+    args.extend(flags("20000", "1h"));
+    let argv: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let jid = submit(coord.rest, &argv);
+    // The kill lands once the resumed job wrote output (its sink's uncommitted files exist).
+    wait_for(
+        "the resumed job to write",
+        &log,
+        Duration::from_secs(60),
+        || {
+            std::fs::read_dir(&out)
+                .ok()?
+                .flatten()
+                .any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with(".part-") && name.contains(&jid[..8])
+                })
+                .then_some(())
+        },
+    );
+    assert_eq!(checkpoints(coord.rest, &jid).map(|(c, _)| c), Some(0));
+    let (bind, rest) = (coord.bind, coord.rest);
+    drop(coord); // SIGKILL
+    let own = |ck: &Path| {
+        std::fs::read_dir(ck.join(&jid))
+            .is_ok_and(|d| d.flatten().any(|c| c.path().join("_metadata").is_file()))
+    };
+    assert!(!own(&ck), "the job completed a checkpoint before the kill");
+
+    let coord2 = coordinator_on(
+        &format!("127.0.0.1:{bind}"),
+        &format!("127.0.0.1:{rest}"),
+        &ck,
+        &log,
+        &[],
+        &[],
+    );
+    wait_for(
+        "the resumed job to finish",
+        &log,
+        Duration::from_secs(90),
+        || (assert_job_not_failed(coord2.rest, &jid, &log)? == "FINISHED").then_some(()),
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let restores = text
+        .matches(&format!("restoring job from checkpoint {savepoint_id} ("))
+        .count();
+    assert_eq!(
+        restores, 2,
+        "both runs of the job restore the savepoint: {text}"
+    );
+    assert_exactly_once(&out, &backpressure_expected(records, 500));
+    assert_no_leftovers(&out);
+}
+
 #[test]
 fn a_worker_with_the_wrong_secret_is_rejected() {
     let tmp = tempfile::tempdir().unwrap();

@@ -404,10 +404,18 @@ pub fn checkpoint_ids(storage: &dyn CheckpointStorage, job_id: &str) -> Vec<u64>
 /// to an older one would emit again what the sinks already committed. The user can still pick
 /// an older checkpoint explicitly, by path.
 pub fn find_latest(storage: &dyn CheckpointStorage) -> Result<Option<LoadedCheckpoint>, String> {
+    find_latest_of(storage, None)
+}
+
+/// [`find_latest`] among the checkpoints of job `only` (all jobs: None).
+pub fn find_latest_of(
+    storage: &dyn CheckpointStorage,
+    only: Option<&str>,
+) -> Result<Option<LoadedCheckpoint>, String> {
     let jobs = storage.list("").map_err(|e| e.to_string())?;
     let mut completed: Vec<(u64, u64, String)> = Vec::new();
     let mut never_completed: Vec<(u64, String)> = Vec::new();
-    for job in jobs {
+    for job in jobs.into_iter().filter(|j| only.is_none_or(|o| o == j)) {
         for id in checkpoint_ids(storage, &job) {
             if !storage.exists(&metadata_path(&job, id)).unwrap_or(false) {
                 never_completed.push((id, job.clone()));

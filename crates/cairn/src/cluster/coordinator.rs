@@ -153,8 +153,15 @@ impl Coordinator {
         job_id: Option<String>,
     ) -> Result<Arc<JobStatus>, String> {
         let built = self.inner.opts.factory.build(job, args)?;
-        // A resumed job continues from its latest checkpoint; a new one from its `--from`.
-        let restore = restore.or(built.restore);
+        // A resumed job continues from its latest checkpoint, or from its `--from` if it
+        // completed none; a new one from its `--from`.
+        let restore = match restore {
+            Some(RestoreFrom::Resume { job_id, .. }) => Some(RestoreFrom::Resume {
+                job_id,
+                otherwise: built.restore.map(Box::new),
+            }),
+            other => other.or(built.restore),
+        };
         let (graph, mut config) = (built.graph, built.config);
         config.checkpoints_dir = Some(self.inner.opts.checkpoint_dir.clone());
         if config.checkpoint_interval.is_none() {
@@ -253,7 +260,11 @@ impl Coordinator {
                 continue;
             };
             info!("resuming job {job_id} ({job}) from its latest checkpoint");
-            match self.submit(&job, &args, Some(RestoreFrom::Latest), Some(job_id.clone())) {
+            let resume = RestoreFrom::Resume {
+                job_id: job_id.clone(),
+                otherwise: None,
+            };
+            match self.submit(&job, &args, Some(resume), Some(job_id.clone())) {
                 Ok(s) => out.push(s),
                 Err(e) => warn!("cannot resume job {job_id}: {e}"),
             }

@@ -23,7 +23,9 @@ use super::status::JobStatus;
 use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CheckpointSettings, CompletedCheckpoint};
 use crate::checkpoint::restore::checkpoint_ids;
-use crate::checkpoint::{find_latest, load_from_path, CheckpointCoordinator, LoadedCheckpoint};
+use crate::checkpoint::{
+    find_latest, find_latest_of, load_from_path, CheckpointCoordinator, LoadedCheckpoint,
+};
 use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig, StateBackendKind};
 use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
 
@@ -34,6 +36,14 @@ pub enum RestoreFrom {
     Latest,
     /// A checkpoint directory (`.../<job-id>/chk-<n>`) or its `_metadata`.
     Path(PathBuf),
+    /// Job `job_id` again (a restarted coordinator resuming its jobs): from its own newest
+    /// completed checkpoint, or — when it completed none — from where it was first started.
+    Resume {
+        /// The job's id; only its checkpoints are candidates.
+        job_id: String,
+        /// Where the job was first started from (its `--from`), if anywhere.
+        otherwise: Option<Box<RestoreFrom>>,
+    },
 }
 
 /// Planned failures.
@@ -197,8 +207,36 @@ pub fn run_job_with(
     let mut claimed = false;
     // A restored snapshot elsewhere that the job owns (CLAIM mode): its directory.
     let mut claimed_external: Option<PathBuf> = None;
-    match &opts.restore {
-        None => {}
+    let mut restore = opts.restore.clone();
+    if let Some(RestoreFrom::Resume {
+        job_id: resumed,
+        otherwise,
+    }) = &opts.restore
+    {
+        let Some(fs) = &fs_storage else {
+            return Err(JobError::Restore(format!(
+                "job {resumed} cannot be resumed without a checkpoint directory"
+            )));
+        };
+        restore = match find_latest_of(fs.as_ref(), Some(resumed)).map_err(JobError::Restore)? {
+            Some(c) => {
+                job_id = resumed.clone();
+                claimed = true;
+                restored = Some(c);
+                None
+            }
+            None => {
+                job_id = resumed.clone();
+                otherwise.as_deref().cloned()
+            }
+        };
+        if restore.is_none() && restored.is_none() {
+            info!("job {resumed} completed no checkpoint; starting it fresh");
+            started_fresh = true;
+        }
+    }
+    match &restore {
+        None | Some(RestoreFrom::Resume { .. }) => {}
         Some(RestoreFrom::Latest) => {
             let Some(fs) = &fs_storage else {
                 return Err(JobError::Restore(
