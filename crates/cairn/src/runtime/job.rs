@@ -208,6 +208,7 @@ pub fn run_job_with(
     // A restored snapshot elsewhere that the job owns (CLAIM mode): its directory.
     let mut claimed_external: Option<PathBuf> = None;
     let mut restore = opts.restore.clone();
+    let resuming = matches!(opts.restore, Some(RestoreFrom::Resume { .. }));
     if let Some(RestoreFrom::Resume {
         job_id: resumed,
         otherwise,
@@ -244,6 +245,9 @@ pub fn run_job_with(
                 ));
             };
             match find_latest(fs.as_ref()).map_err(JobError::Restore)? {
+                // A resumed job (first submitted `--from latest`) keeps its own id and
+                // directory; the checkpoint it started from stays the other job's.
+                Some(c) if resuming => restored = Some(c),
                 Some(c) => {
                     job_id = c.metadata.job_id.clone();
                     claimed = true;
