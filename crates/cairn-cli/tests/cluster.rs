@@ -105,6 +105,28 @@ fn coordinator_with(dir: &Path, log: &Path, extra: &[&str]) -> Coord {
     coordinator_on("127.0.0.1:0", "127.0.0.1:0", dir, log, extra, &[])
 }
 
+/// A coordinator on the ports a killed one had: the workers reconnect to that address.
+fn coordinator_again(bind: u16, rest: u16, dir: &Path, log: &Path) -> Coord {
+    coordinator_on(
+        &format!("127.0.0.1:{bind}"),
+        &format!("127.0.0.1:{rest}"),
+        dir,
+        log,
+        &[],
+        &[],
+    )
+}
+
+/// Waits until job `jid` of `coord` finished (the test fails if it failed).
+fn wait_until_finished(coord: &Coord, jid: &str, log: &Path) {
+    wait_for(
+        "the resumed job to finish",
+        log,
+        Duration::from_secs(90),
+        || (assert_job_not_failed(coord.rest, jid, log)? == "FINISHED").then_some(()),
+    );
+}
+
 fn coordinator(dir: &Path, log: &Path) -> Coord {
     coordinator_with(dir, log, &[])
 }
@@ -382,22 +404,8 @@ fn a_coordinator_killed_after_completing_a_checkpoint_resumes_from_it() {
     );
     let (bind, rest) = (coord.bind, coord.rest);
     drop(coord); // SIGKILL
-                 // The workers reconnect to the same address, so the new coordinator binds the ports the
-                 // killed one had.
-    let coord2 = coordinator_on(
-        &format!("127.0.0.1:{bind}"),
-        &format!("127.0.0.1:{rest}"),
-        &ck,
-        &log,
-        &[],
-        &[],
-    );
-    wait_for(
-        "the resumed job to finish",
-        &log,
-        Duration::from_secs(90),
-        || (assert_job_not_failed(coord2.rest, &jid, &log)? == "FINISHED").then_some(()),
-    );
+    let coord2 = coordinator_again(bind, rest, &ck, &log);
+    wait_until_finished(&coord2, &jid, &log);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains(&format!("restoring job from checkpoint {id} (")),
@@ -448,25 +456,9 @@ fn a_coordinator_killed_before_a_restored_job_checkpointed_resumes_it_from_its_s
         .arg(&ck0)
         .arg("--savepoint-on-exit")
         .arg(&sp);
-    let mut first = Watched::spawn(&mut first);
-    let until = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_dir(&ck0).is_ok_and(|jobs| {
-        jobs.flatten().any(|j| {
-            std::fs::read_dir(j.path())
-                .is_ok_and(|d| d.flatten().any(|c| c.path().join("_metadata").is_file()))
-        })
-    }) {
-        first.assert_running();
-        assert!(
-            Instant::now() < until,
-            "the first run completed no checkpoint"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    first.terminate();
-    let savepoint = first.wait_for_line("savepoint stored in ", until);
-    let (status, stderr) = first.wait(until);
-    assert!(status.success(), "{stderr}");
+    let (savepoint, _) = Watched::spawn(&mut first)
+        .stop_with_savepoint_after_a_checkpoint(&ck0, Instant::now() + Duration::from_secs(60));
+    let savepoint = savepoint.display().to_string();
     let savepoint_id: u64 = run_ok(cairn().args(["savepoint", "info", &savepoint]))
         .stdout
         .split(|b| *b == b' ')
@@ -501,26 +493,13 @@ fn a_coordinator_killed_before_a_restored_job_checkpointed_resumes_it_from_its_s
     assert_eq!(checkpoints(coord.rest, &jid).map(|(c, _)| c), Some(0));
     let (bind, rest) = (coord.bind, coord.rest);
     drop(coord); // SIGKILL
-    let own = |ck: &Path| {
-        std::fs::read_dir(ck.join(&jid))
-            .is_ok_and(|d| d.flatten().any(|c| c.path().join("_metadata").is_file()))
-    };
-    assert!(!own(&ck), "the job completed a checkpoint before the kill");
-
-    let coord2 = coordinator_on(
-        &format!("127.0.0.1:{bind}"),
-        &format!("127.0.0.1:{rest}"),
-        &ck,
-        &log,
-        &[],
-        &[],
+    assert!(
+        !std::fs::read_dir(ck.join(&jid))
+            .is_ok_and(|d| d.flatten().any(|c| c.path().join("_metadata").is_file())),
+        "the job completed a checkpoint before the kill"
     );
-    wait_for(
-        "the resumed job to finish",
-        &log,
-        Duration::from_secs(90),
-        || (assert_job_not_failed(coord2.rest, &jid, &log)? == "FINISHED").then_some(()),
-    );
+    let coord2 = coordinator_again(bind, rest, &ck, &log);
+    wait_until_finished(&coord2, &jid, &log);
     let text = std::fs::read_to_string(&log).unwrap();
     let restores = text
         .matches(&format!("restoring job from checkpoint {savepoint_id} ("))

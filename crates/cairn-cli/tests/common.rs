@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Instant;
@@ -247,6 +247,31 @@ impl Watched {
         assert!(ok, "kill -TERM failed");
     }
 
+    /// Waits, while the process runs, until a checkpoint of some job under `ck` completed.
+    pub fn wait_for_a_checkpoint(&mut self, ck: &Path, deadline: Instant) {
+        while !a_checkpoint_completed(ck) {
+            self.assert_running();
+            assert!(Instant::now() < deadline, "no checkpoint completed in time");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// For a `cairn run … --savepoint-on-exit DIR` whose checkpoints go under `ck`: once a
+    /// checkpoint completed, stops it with SIGTERM; returns the savepoint's path and the whole
+    /// stderr once the run ended successfully.
+    pub fn stop_with_savepoint_after_a_checkpoint(
+        mut self,
+        ck: &Path,
+        deadline: Instant,
+    ) -> (PathBuf, String) {
+        self.wait_for_a_checkpoint(ck, deadline);
+        self.terminate();
+        let path = PathBuf::from(self.wait_for_line("savepoint stored in ", deadline));
+        let (status, stderr) = self.wait(deadline);
+        assert!(status.success(), "the stopped run must succeed: {stderr}");
+        (path, stderr)
+    }
+
     /// Fails the test with the child's stderr if it has exited.
     pub fn assert_running(&mut self) {
         if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -274,6 +299,17 @@ impl Watched {
             }
         }
     }
+}
+
+/// Whether a checkpoint of some job under `ck` completed (its `_metadata` exists).
+pub fn a_checkpoint_completed(ck: &Path) -> bool {
+    let Ok(jobs) = std::fs::read_dir(ck) else {
+        return false;
+    };
+    jobs.flatten().any(|job| {
+        std::fs::read_dir(job.path())
+            .is_ok_and(|dirs| dirs.flatten().any(|d| d.path().join("_metadata").is_file()))
+    })
 }
 
 /// A coordinator on ports the system picks, with workers of two slots each, all killed when

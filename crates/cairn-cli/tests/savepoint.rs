@@ -45,17 +45,6 @@ fn wordcount(
     cmd
 }
 
-/// Whether a checkpoint of some job under `ck` completed (its `_metadata` exists).
-fn a_checkpoint_completed(ck: &Path) -> bool {
-    let Ok(jobs) = std::fs::read_dir(ck) else {
-        return false;
-    };
-    jobs.flatten().any(|job| {
-        std::fs::read_dir(job.path())
-            .is_ok_and(|dirs| dirs.flatten().any(|d| d.path().join("_metadata").is_file()))
-    })
-}
-
 fn committed_records(out: &Path) -> u64 {
     committed_lines(out).values().map(|v| v.len() as u64).sum()
 }
@@ -71,19 +60,10 @@ fn run_and_stop(
 ) -> PathBuf {
     let mut cmd = wordcount(out, ck, parallelism, from, RATE);
     cmd.arg("--savepoint-on-exit").arg(sp);
-    let mut run = Watched::spawn(&mut cmd);
-    let until = Instant::now() + DEADLINE;
-    while !a_checkpoint_completed(ck) {
-        run.assert_running();
-        assert!(Instant::now() < until, "no checkpoint completed in time");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    run.terminate();
-    let path = run.wait_for_line("savepoint stored in ", until);
-    let (status, stderr) = run.wait(until);
-    assert!(status.success(), "the stopped run must succeed: {stderr}");
+    let (path, stderr) = Watched::spawn(&mut cmd)
+        .stop_with_savepoint_after_a_checkpoint(ck, Instant::now() + DEADLINE);
     assert!(stderr.contains("wordcount finished"), "{stderr}");
-    PathBuf::from(path)
+    path
 }
 
 /// Stop with a savepoint, resume at parallelism 4 from it, stop again, resume at 1 to the end:
@@ -452,11 +432,7 @@ fn cancelling_deletes_or_retains_checkpoints_as_configured() {
         let mut run = Watched::spawn(&mut cmd);
         let until = Instant::now() + DEADLINE;
         let rest = run.rest_addr(until).to_string();
-        while !a_checkpoint_completed(&ck) {
-            run.assert_running();
-            assert!(Instant::now() < until, "no checkpoint completed in time");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        run.wait_for_a_checkpoint(&ck, until);
         let jid = first_job(&rest);
         common::run_ok(cairn().args(["cancel", &jid, "--rest", &rest]));
         let (status, stderr) = run.wait(until);
@@ -591,17 +567,8 @@ fn write_savepoint_fixture(fixture: &Path) {
         .arg(&ck)
         .arg("--savepoint-on-exit")
         .arg(dir.path().join("sp"));
-    let mut run = Watched::spawn(&mut cmd);
-    let until = Instant::now() + DEADLINE;
-    while !a_checkpoint_completed(&ck) {
-        run.assert_running();
-        assert!(Instant::now() < until, "no checkpoint completed in time");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    run.terminate();
-    let sp = PathBuf::from(run.wait_for_line("savepoint stored in ", until));
-    let (status, stderr) = run.wait(until);
-    assert!(status.success(), "{stderr}");
+    let (sp, _) = Watched::spawn(&mut cmd)
+        .stop_with_savepoint_after_a_checkpoint(&ck, Instant::now() + DEADLINE);
     let _ = std::fs::remove_dir_all(fixture);
     copy_dir(&sp, &fixture.join("savepoint"));
     copy_committed(&out, &fixture.join("output"));

@@ -15,7 +15,7 @@ use tracing::warn;
 use super::CheckpointMetadata;
 use crate::config::MAX_MAX_PARALLELISM;
 use crate::state::keygroup::KeyGroupRange;
-use crate::state::{OperatorListData, OperatorStateData, RestoredState, StateKind};
+use crate::state::{KeyedTableData, OperatorListData, OperatorStateData, RestoredState, StateKind};
 use crate::storage::format::{decode, FileKind};
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, METADATA_FILE};
 use crate::storage::{validate_path, CheckpointStorage, FsStorage};
@@ -123,11 +123,15 @@ impl LoadedCheckpoint {
         let range = KeyGroupRange::for_subtask(self.metadata.max_parallelism, parallelism, subtask);
         for (_, data) in old {
             for t in &data.keyed {
-                let table = out.keyed.entry(t.name.clone()).or_insert_with(|| {
-                    let mut empty = t.clone();
-                    empty.groups.clear();
-                    empty
-                });
+                let table = out
+                    .keyed
+                    .entry(t.name.clone())
+                    .or_insert_with(|| KeyedTableData {
+                        name: t.name.clone(),
+                        kind: t.kind,
+                        serializer: t.serializer.clone(),
+                        groups: Vec::new(),
+                    });
                 table.groups.extend(
                     t.groups
                         .iter()
@@ -142,30 +146,31 @@ impl LoadedCheckpoint {
                 out.channel = data.channel.clone();
             }
         }
-        // Every list's entries over all old subtasks, in subtask order.
-        let mut lists: Vec<OperatorListData> = Vec::new();
+        // Each list's entries in old subtask order: a union list's all, an operator list's own
+        // (same parallelism) or all, to be split below (another parallelism).
         for (s, data) in old {
             for l in &data.operator {
-                let mine = l.kind == StateKind::UnionList || !unchanged || *s == subtask;
-                let list = match lists.iter().position(|x| x.name == l.name) {
-                    Some(i) => &mut lists[i],
-                    None => {
-                        let mut empty = l.clone();
-                        empty.entries.clear();
-                        lists.push(empty);
-                        lists.last_mut().expect("just pushed")
-                    }
-                };
-                if mine {
+                let list = out
+                    .operator
+                    .entry(l.name.clone())
+                    .or_insert_with(|| OperatorListData {
+                        name: l.name.clone(),
+                        kind: l.kind,
+                        serializer: l.serializer.clone(),
+                        entries: Vec::new(),
+                    });
+                if l.kind == StateKind::UnionList || !unchanged || *s == subtask {
                     list.entries.extend(l.entries.iter().cloned());
                 }
             }
         }
-        for mut list in lists {
-            if list.kind == StateKind::OperatorList && !unchanged {
-                list.entries = even_share(list.entries, subtask, parallelism);
+        if !unchanged {
+            for list in out.operator.values_mut() {
+                if list.kind == StateKind::OperatorList {
+                    let all = std::mem::take(&mut list.entries);
+                    list.entries = even_share(all, subtask, parallelism);
+                }
             }
-            out.operator.insert(list.name.clone(), list);
         }
         out
     }
@@ -566,7 +571,7 @@ pub fn dispose_savepoint(path: &Path) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::checkpoint::{OperatorMetadata, SubtaskStateHandle};
-    use crate::state::{ChannelStateData, KeyedTableData, SerializerId};
+    use crate::state::{ChannelStateData, SerializerId};
     use crate::storage::format::encode;
     use crate::storage::MemoryStorage;
 

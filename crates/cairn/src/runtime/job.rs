@@ -219,17 +219,14 @@ pub fn run_job_with(
                 "job {resumed} cannot be resumed without a checkpoint directory"
             )));
         };
+        job_id = resumed.clone();
         restore = match find_latest_of(fs.as_ref(), Some(resumed)).map_err(JobError::Restore)? {
             Some(c) => {
-                job_id = resumed.clone();
                 claimed = true;
                 restored = Some(c);
                 None
             }
-            None => {
-                job_id = resumed.clone();
-                otherwise.as_deref().cloned()
-            }
+            None => otherwise.as_deref().cloned(),
         };
         if restore.is_none() && restored.is_none() {
             info!("job {resumed} completed no checkpoint; starting it fresh");

@@ -435,22 +435,12 @@ impl<K: Key> KeyedContext<K> {
                 if !self.range.contains(kg) {
                     continue;
                 }
-                let type_changed = |e: &dyn std::fmt::Display| {
+                let entries: Vec<(K, S)> = decode_exact(&bytes).map_err(|e| {
                     TaskError::Unrecoverable(format!(
                         "cannot restore state '{name}' (key group {kg}) as {}: {e}; it was written as {was}",
                         std::any::type_name::<S>()
                     ))
-                };
-                // Bytes left over mean the table was written as another type: decoding must
-                // use all of them, or a changed type could restore as garbage.
-                let (entries, rest): (Vec<(K, S)>, _) =
-                    postcard::take_from_bytes(&bytes).map_err(|e| type_changed(&e))?;
-                if !rest.is_empty() {
-                    return Err(type_changed(&format_args!(
-                        "{} bytes left over",
-                        rest.len()
-                    )));
-                }
+                })?;
                 map.extend(entries);
             }
         }
@@ -572,6 +562,16 @@ impl<K: Key> KeyedContext<K> {
         }
         snap
     }
+}
+
+/// Decodes a restored value as `T`, using every byte: bytes left over mean it was written as
+/// another type, which must be an error, not garbage.
+pub(crate) fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let (v, rest) = postcard::take_from_bytes::<T>(bytes).map_err(|e| e.to_string())?;
+    if !rest.is_empty() {
+        return Err(format!("{} bytes left over", rest.len()));
+    }
+    Ok(v)
 }
 
 /// Whether restored state written as `was` by `serializer` can be registered as `now`: a

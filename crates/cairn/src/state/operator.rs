@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::marker::PhantomData;
 
-use super::{check_restorable, OperatorListData, OperatorSnapshot, SerializerId, StateKind};
+use super::{
+    check_restorable, decode_exact, OperatorListData, OperatorSnapshot, SerializerId, StateKind,
+};
 use super::{StateValue, TaskError, TaskResult};
 
 /// The operator list states of one operator subtask.
@@ -119,17 +121,12 @@ impl OperatorStateStore {
 }
 
 fn decode_entry<V: StateValue>(name: &str, bytes: &[u8], was: &str) -> TaskResult<V> {
-    let changed = |e: &dyn std::fmt::Display| {
+    decode_exact(bytes).map_err(|e| {
         TaskError::Unrecoverable(format!(
             "cannot restore operator state '{name}' as {}: {e}; it was written as {was}",
             std::any::type_name::<V>()
         ))
-    };
-    let (v, rest) = postcard::take_from_bytes::<V>(bytes).map_err(|e| changed(&e))?;
-    if !rest.is_empty() {
-        return Err(changed(&format_args!("{} bytes left over", rest.len())));
-    }
-    Ok(v)
+    })
 }
 
 /// A handle to one operator list state of an [`OperatorStateStore`].
