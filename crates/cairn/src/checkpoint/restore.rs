@@ -464,6 +464,31 @@ pub fn find_latest_of(
     })
 }
 
+/// The job to continue when `--from latest` finds no completed checkpoint: the one job whose
+/// directory holds checkpoint directories (none completed). It starts fresh under its own id, so
+/// that its sinks discard what it pre-committed: nothing of it was ever committed. With several
+/// such jobs none is picked (which ran last is not recorded), and a warning names them.
+pub fn unfinished_job(storage: &dyn CheckpointStorage) -> Result<Option<String>, String> {
+    let jobs = storage.list("").map_err(|e| e.to_string())?;
+    let mut unfinished: Vec<String> = jobs
+        .into_iter()
+        .filter(|j| !checkpoint_ids(storage, j).is_empty())
+        .collect();
+    unfinished.sort_unstable();
+    match unfinished.len() {
+        0 => Ok(None),
+        1 => Ok(unfinished.pop()),
+        _ => {
+            warn!(
+                "jobs {} under {} completed no checkpoint; starting a new job (their uncommitted output stays behind)",
+                unfinished.join(", "),
+                storage.location("")
+            );
+            Ok(None)
+        }
+    }
+}
+
 /// Loads the checkpoint at `path`: a `chk-<n>` directory or its `_metadata` file.
 pub fn load_from_path(path: &Path) -> Result<(LoadedCheckpoint, Arc<FsStorage>), String> {
     let mut dir = path.to_path_buf();
@@ -647,6 +672,21 @@ mod tests {
             .unwrap();
         let c = find_latest(&storage).unwrap().unwrap();
         assert_eq!(c.id(), 1);
+    }
+
+    #[test]
+    fn only_a_sole_job_without_completed_checkpoints_is_continued() {
+        let storage = MemoryStorage::new();
+        assert_eq!(unfinished_job(&storage).unwrap(), None);
+        let partial = |job: &str| {
+            let path = format!("{}/task-0-0", checkpoint_dir(job, 1));
+            storage.write(&path, b"partial").unwrap();
+        };
+        partial("a");
+        assert_eq!(unfinished_job(&storage).unwrap().as_deref(), Some("a"));
+        // Which of two ran last is not recorded: neither is guessed.
+        partial("b");
+        assert_eq!(unfinished_job(&storage).unwrap(), None);
     }
 
     #[test]

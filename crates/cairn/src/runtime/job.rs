@@ -24,7 +24,8 @@ use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CheckpointSettings, CompletedCheckpoint};
 use crate::checkpoint::restore::checkpoint_ids;
 use crate::checkpoint::{
-    find_latest, find_latest_of, load_from_path, CheckpointCoordinator, LoadedCheckpoint,
+    find_latest, find_latest_of, load_from_path, unfinished_job, CheckpointCoordinator,
+    LoadedCheckpoint,
 };
 use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig, StateBackendKind};
 use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
@@ -251,11 +252,18 @@ pub fn run_job_with(
                     restored = Some(c);
                 }
                 None => {
-                    info!(
-                        "no completed checkpoint under {}; starting fresh",
-                        fs.location("")
-                    );
                     started_fresh = true;
+                    match unfinished_job(fs.as_ref()).map_err(JobError::Restore)? {
+                        Some(j) if !resuming => {
+                            info!("job {j} completed no checkpoint; starting it fresh");
+                            job_id = j;
+                            claimed = true;
+                        }
+                        _ => info!(
+                            "no completed checkpoint under {}; starting fresh",
+                            fs.location("")
+                        ),
+                    }
                 }
             }
         }
