@@ -99,6 +99,9 @@ pub mod keys {
     pub const PARALLELISM: &str = "parallelism.default";
     /// `pipeline.max-parallelism`: upper bound for rescaling; the number of key groups.
     pub const MAX_PARALLELISM: &str = "pipeline.max-parallelism";
+    /// `pipeline.auto-watermark-interval`: how often sources emit their watermark (0: only
+    /// the final one, at the end of their input).
+    pub const AUTO_WATERMARK_INTERVAL: &str = "pipeline.auto-watermark-interval";
 }
 
 /// Every configuration key accepted by [`JobConfig::set`] and the YAML loader, in the
@@ -136,6 +139,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::FAILOVER_STRATEGY,
     keys::PARALLELISM,
     keys::MAX_PARALLELISM,
+    keys::AUTO_WATERMARK_INTERVAL,
 ];
 
 /// Largest accepted `pipeline.max-parallelism` (Flink's upper bound, 2^15).
@@ -609,6 +613,8 @@ pub struct JobConfig {
     pub parallelism: u32,
     /// `pipeline.max-parallelism` (default 128, in 1..=32768).
     pub max_parallelism: u32,
+    /// `pipeline.auto-watermark-interval` (default 200ms; zero: no periodic watermarks).
+    pub auto_watermark_interval: Duration,
 }
 
 impl Default for JobConfig {
@@ -634,6 +640,7 @@ impl Default for JobConfig {
             failover_strategy: FailoverStrategy::Region,
             parallelism: 1,
             max_parallelism: 128,
+            auto_watermark_interval: Duration::from_millis(200),
         }
     }
 }
@@ -790,6 +797,7 @@ impl JobConfig {
                 }
                 self.max_parallelism = n;
             }
+            keys::AUTO_WATERMARK_INTERVAL => self.auto_watermark_interval = p.duration()?,
             _ => return self.set_restart_sub_key(key, &p),
         }
         Ok(())
@@ -944,6 +952,7 @@ impl JobConfig {
                     keys::FAILOVER_STRATEGY => self.failover_strategy.to_string(),
                     keys::PARALLELISM => self.parallelism.to_string(),
                     keys::MAX_PARALLELISM => self.max_parallelism.to_string(),
+                    keys::AUTO_WATERMARK_INTERVAL => d(self.auto_watermark_interval),
                     _ => restart
                         .param(key)
                         .or_else(|| others.iter().find_map(|r| r.param(key)))
@@ -968,7 +977,8 @@ fn expected_for(key: &str) -> &'static str {
         | keys::FAILURE_RATE_INTERVAL
         | keys::EXP_INITIAL_BACKOFF
         | keys::EXP_MAX_BACKOFF
-        | keys::EXP_RESET_BACKOFF_THRESHOLD => EXPECT_DURATION,
+        | keys::EXP_RESET_BACKOFF_THRESHOLD
+        | keys::AUTO_WATERMARK_INTERVAL => EXPECT_DURATION,
         keys::CHECKPOINTING_MODE => "EXACTLY_ONCE or AT_LEAST_ONCE",
         keys::MAX_CONCURRENT_CHECKPOINTS
         | keys::NUM_RETAINED
@@ -1542,6 +1552,7 @@ mod tests {
             failover_strategy: FailoverStrategy::Full,
             parallelism: 8,
             max_parallelism: 32768,
+            auto_watermark_interval: Duration::from_millis(200),
         };
         assert_eq!(c, expected);
         assert!(c.checkpointing_enabled());

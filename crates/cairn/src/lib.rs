@@ -15,6 +15,7 @@ pub mod jobs;
 pub mod runtime;
 pub mod state;
 pub mod storage;
+pub mod window;
 
 pub use error::{TaskError, TaskResult};
 pub mod cluster;

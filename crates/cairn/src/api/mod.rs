@@ -38,8 +38,8 @@ pub use functions::{
 
 use crate::error::{TaskError, TaskResult};
 use crate::runtime::chain::{
-    Chain, EdgeWriter, Link, NullChain, OneInputBody, Operator, Partitioner, RecordWriter, Source,
-    SourceBody, TaskBody, TwoInputBody,
+    restored_watermark, Chain, EdgeWriter, Link, NullChain, OneInputBody, Operator, Partitioner,
+    RecordWriter, Source, SourceBody, SourceTime, TaskBody, TwoInputBody, SOURCE_WATERMARK_STATE,
 };
 use crate::runtime::graph::{
     AnyBox, HeadFn, LinkFn, SinkInitFn, SourceFn, SplitsFn, TwoInputFn, WriterFn,
@@ -51,8 +51,14 @@ use crate::runtime::operators::{
     CoProcessOp, FilterOp, FlatMapOp, IdentityOp, KeyedCoProcessOp, KeyedProcessOp, MapOp,
     ProcessOp, Sink, SinkContext, SinkOp, SinkOwner,
 };
+use crate::runtime::watermark::SourceWatermarks;
+pub use crate::runtime::watermark::{TimestampFn, WatermarkStrategy};
 use crate::state::keygroup::stable_hash;
 use crate::state::{Key, KeyedContext};
+pub use crate::window::{
+    AggregateFunction, ProcessWindowFunction, TimeWindow, Trigger as WindowTrigger, WindowAssigner,
+};
+use crate::window::{CollectAll, Reduce, Trigger, WindowFunction, WindowOutput, WindowSpec};
 
 /// A record type: cloneable (broadcast, several consumers), sendable between threads and
 /// serializable (between processes).
@@ -162,13 +168,47 @@ impl StreamEnv {
 
     /// Adds a source.
     pub fn source<T: Data, S: Source<T>>(&self, source: S) -> DataStream<T> {
+        self.add_source(source, None)
+    }
+
+    /// A source whose records carry event time: timestamps and watermarks are made per split
+    /// by `strategy` (Flink's `fromSource(source, strategy, name)`).
+    pub fn source_with_watermarks<T: Data, S: Source<T>>(
+        &self,
+        source: S,
+        strategy: WatermarkStrategy<T>,
+    ) -> DataStream<T> {
+        let timestamps = strategy.timestamp.clone();
+        let mut stream = self.add_source(source, Some(strategy));
+        stream.timestamps = Some(timestamps);
+        stream
+    }
+
+    fn add_source<T: Data, S: Source<T>>(
+        &self,
+        source: S,
+        strategy: Option<WatermarkStrategy<T>>,
+    ) -> DataStream<T> {
         let source = Arc::new(source);
         let s1 = source.clone();
         let splits: SplitsFn = Arc::new(move |p| s1.create_splits(p));
         let body: SourceFn = Arc::new(move |init, splits, next| {
             let next = take_chain::<T>(next)?;
             let reader = source.create_reader(init.subtask, splits)?;
-            Ok(Box::new(SourceBody::new(init.uid.clone(), reader, next)) as Box<dyn TaskBody>)
+            let restored = restored_watermark(&init.restored.take_list(SOURCE_WATERMARK_STATE))?;
+            let time = strategy.as_ref().map(|s| SourceTime {
+                timestamp: s.timestamp.clone(),
+                watermarks: SourceWatermarks::new(
+                    s.generator,
+                    s.idleness,
+                    init.watermark_interval,
+                    reader.split_count(),
+                    restored,
+                    std::time::Instant::now(),
+                ),
+            });
+            let body = SourceBody::new(init.uid.clone(), reader, next, time, restored);
+            Ok(Box::new(body) as Box<dyn TaskBody>)
         });
         let id = self.add_node::<T>("source", NodeKind::Source { splits, body }, None);
         DataStream::new(self.clone(), id)
@@ -208,6 +248,10 @@ pub struct DataStream<T> {
     env: StreamEnv,
     node: usize,
     partition: EdgePartition,
+    /// The event time of a record, when the stream has one (set at a source with watermarks,
+    /// by `assign_timestamps_and_watermarks` or `with_timestamps`, kept by operators that do not
+    /// change the record type).
+    timestamps: Option<TimestampFn<T>>,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -217,8 +261,22 @@ impl<T: Data> DataStream<T> {
             env,
             node,
             partition: EdgePartition::Default,
+            timestamps: None,
             _t: PhantomData,
         }
+    }
+
+    /// The same stream with `timestamps` as its records' event time.
+    fn timed(mut self, timestamps: Option<TimestampFn<T>>) -> Self {
+        self.timestamps = timestamps;
+        self
+    }
+
+    /// Declares the event time of this stream's records (after an operator that changed the
+    /// record type, say a window result whose timestamp is its window's end). Watermarks keep
+    /// coming from upstream.
+    pub fn with_timestamps(self, timestamps: impl Fn(&T) -> i64 + Send + Sync + 'static) -> Self {
+        self.timed(Some(Arc::new(timestamps)))
     }
 
     fn modify(self, f: impl FnOnce(&mut NodeSpec)) -> Self {
@@ -274,7 +332,9 @@ impl<T: Data> DataStream<T> {
 
     /// Keeps the records for which `f` is true.
     pub fn filter(self, f: impl Fn(&T) -> bool + Clone + Send + Sync + 'static) -> DataStream<T> {
+        let ts = self.timestamps.clone();
         self.one_input("filter", move |_| Ok(FilterOp(f.clone())))
+            .timed(ts)
     }
 
     /// Any number of records out per record in.
@@ -317,7 +377,7 @@ impl<T: Data> DataStream<T> {
         for o in others {
             self.env.add_edge(o.node, id, 0, o.partition.clone());
         }
-        DataStream::new(self.env.clone(), id)
+        DataStream::new(self.env.clone(), id).timed(self.timestamps.clone())
     }
 
     /// Connects with another stream for a two-input operator.
@@ -370,10 +430,12 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let env = self.stream.env.clone();
         let partition = self.hash_partition();
         let key_of = self.key_of.clone();
+        let timestamps = self.stream.timestamps.clone();
         let kind = link_fn::<T, O, _>(move |init| {
             let key_of = key_of.clone();
             let ctx = init.keyed_context::<K>();
-            KeyedProcessOp::new(init.uid.clone(), move |t: &T| key_of(t), f.clone(), ctx)
+            let op = KeyedProcessOp::new(init.uid.clone(), move |t: &T| key_of(t), f.clone(), ctx)?;
+            Ok(op.with_timestamps(timestamps.clone()))
         });
         let id = env.add_node::<O>("process", kind, None);
         env.add_edge(self.stream.node, id, 0, partition);
@@ -489,6 +551,8 @@ impl<K: Key, T1: Data, T2: Data> KeyedConnectedStreams<K, T1, T2> {
         let env = self.first.stream.env.clone();
         let (p1, p2) = (self.first.hash_partition(), self.second.hash_partition());
         let (k1, k2) = (self.first.key_of.clone(), self.second.key_of.clone());
+        let ts1 = self.first.stream.timestamps.clone();
+        let ts2 = self.second.stream.timestamps.clone();
         let body: TwoInputFn = Arc::new(move |init, next| {
             let next = take_chain::<O>(next)?;
             let (k1, k2) = (k1.clone(), k2.clone());
@@ -499,12 +563,215 @@ impl<K: Key, T1: Data, T2: Data> KeyedConnectedStreams<K, T1, T2> {
                 move |t: &T2| k2(t),
                 f.clone(),
                 ctx,
-            )?;
+            )?
+            .with_timestamps(ts1.clone(), ts2.clone());
             Ok(Box::new(TwoInputBody::<T1, T2, O, _>::new(op, next)) as Box<dyn TaskBody>)
         });
         let id = env.add_node::<O>("co_process", NodeKind::TwoInput { body }, None);
         env.add_edge(self.first.stream.node, id, 0, p1);
         env.add_edge(self.second.stream.node, id, 1, p2);
         DataStream::new(env, id)
+    }
+}
+
+/// A keyed stream cut into windows (Flink's `WindowedStream`): set the trigger and the allowed
+/// lateness, then evaluate the windows with `reduce`, `aggregate`, `process` or both.
+pub struct WindowedStream<K, T> {
+    keyed: KeyedStream<K, T>,
+    spec: WindowSpec,
+    /// `window_all`: one subtask evaluates every window.
+    all: bool,
+}
+
+impl<K: Key, T: Data + Sync> KeyedStream<K, T> {
+    /// Cuts each key's records into the windows of `assigner`.
+    pub fn window(self, assigner: WindowAssigner) -> WindowedStream<K, T> {
+        WindowedStream {
+            keyed: self,
+            spec: WindowSpec {
+                assigner,
+                trigger: Trigger::default_for_time(),
+                allowed_lateness: 0,
+                late_output: false,
+            },
+            all: false,
+        }
+    }
+}
+
+impl<T: Data + Sync> DataStream<T> {
+    /// Cuts the whole (not keyed) stream into windows, evaluated by one subtask.
+    pub fn window_all(self, assigner: WindowAssigner) -> WindowedStream<u8, T> {
+        let mut w = self.key_by(|_: &T| 0u8).window(assigner);
+        w.all = true;
+        w
+    }
+
+    /// Assigns timestamps and makes watermarks from them here, in this operator's subtasks
+    /// (prefer [`StreamEnv::source_with_watermarks`]: per split). Upstream watermarks are
+    /// replaced, except the final one.
+    pub fn assign_timestamps_and_watermarks(self, strategy: WatermarkStrategy<T>) -> DataStream<T> {
+        let ts = Some(strategy.timestamp.clone());
+        self.one_input("timestamps", move |init| {
+            Ok(TimestampsAndWatermarksOp::new(
+                strategy.clone(),
+                init.watermark_interval,
+            ))
+        })
+        .timed(ts)
+    }
+}
+
+impl<K: Key, T: Data + Sync> WindowedStream<K, T> {
+    /// Evaluates windows with `trigger` instead of the assigner's default.
+    pub fn trigger(mut self, trigger: Trigger) -> Self {
+        self.spec.trigger = trigger;
+        self
+    }
+
+    /// Keeps windows for `lateness` after their end: a late record updates its window and
+    /// fires it again (event time only).
+    pub fn allowed_lateness(mut self, lateness: std::time::Duration) -> Self {
+        self.spec.allowed_lateness = i64::try_from(lateness.as_millis()).unwrap_or(i64::MAX);
+        self
+    }
+
+    /// Folds each window's records with `f`.
+    pub fn reduce(self, f: impl Fn(&T, &T) -> T + Send + Sync + 'static) -> DataStream<T> {
+        self.aggregate(Reduce::new(f))
+    }
+
+    /// Aggregates each window's records incrementally.
+    pub fn aggregate<R: Data, A: AggregateFunction<T, R>>(self, agg: A) -> DataStream<R> {
+        self.aggregate_process(agg, |_: &K, _: TimeWindow, r: R, out: &mut Collector<R>| {
+            out.collect(r)
+        })
+    }
+
+    /// Evaluates each window with all its records.
+    pub fn process<O: Data, P: ProcessWindowFunction<K, Vec<T>, O>>(self, f: P) -> DataStream<O> {
+        self.aggregate_process(CollectAll::<T>::default(), f)
+    }
+
+    /// Aggregates incrementally, then evaluates the aggregate with the window's key and bounds.
+    pub fn aggregate_process<R, O, A, P>(self, agg: A, f: P) -> DataStream<O>
+    where
+        R: 'static,
+        O: Data,
+        A: AggregateFunction<T, R>,
+        P: ProcessWindowFunction<K, R, O>,
+    {
+        self.operator(agg, f)
+            .flat_map(|r: WindowOutput<O, T>, out: &mut Collector<O>| {
+                if let WindowOutput::Result(o) = r {
+                    out.collect(o);
+                }
+            })
+    }
+
+    /// [`WindowedStream::aggregate_process`], with the records that came too late for their
+    /// windows as a second stream (Flink's `sideOutputLateData`).
+    pub fn aggregate_process_with_late<R, O, A, P>(
+        mut self,
+        agg: A,
+        f: P,
+    ) -> (DataStream<O>, DataStream<T>)
+    where
+        R: 'static,
+        O: Data,
+        A: AggregateFunction<T, R>,
+        P: ProcessWindowFunction<K, R, O>,
+    {
+        self.spec.late_output = true;
+        let out = self.operator(agg, f);
+        let env = out.env.clone();
+        let node = out.node;
+        let results = out.flat_map(|r: WindowOutput<O, T>, c: &mut Collector<O>| {
+            if let WindowOutput::Result(o) = r {
+                c.collect(o);
+            }
+        });
+        let late = DataStream::<WindowOutput<O, T>>::new(env, node)
+            .flat_map(|r: WindowOutput<O, T>, c: &mut Collector<T>| {
+                if let WindowOutput::Late(t) = r {
+                    c.collect(t);
+                }
+            })
+            .name("late-data");
+        (results, late)
+    }
+
+    fn operator<R, O, A, P>(self, agg: A, f: P) -> DataStream<WindowOutput<O, T>>
+    where
+        R: 'static,
+        O: Data,
+        A: AggregateFunction<T, R>,
+        P: ProcessWindowFunction<K, R, O>,
+    {
+        let all = self.all;
+        let s = self
+            .keyed
+            .process(WindowFunction::new(self.spec, agg, f))
+            .name("window");
+        if all {
+            s.parallelism(1)
+        } else {
+            s
+        }
+    }
+}
+
+/// `assign_timestamps_and_watermarks` on a stream: makes watermarks from its records'
+/// timestamps, periodically (a processing-time timer of the operator).
+struct TimestampsAndWatermarksOp<T> {
+    strategy: WatermarkStrategy<T>,
+    watermarks: SourceWatermarks,
+    interval_ms: i64,
+    next_emit: i64,
+}
+
+impl<T> TimestampsAndWatermarksOp<T> {
+    fn new(strategy: WatermarkStrategy<T>, interval: std::time::Duration) -> Self {
+        let watermarks = SourceWatermarks::new(
+            strategy.generator,
+            strategy.idleness,
+            std::time::Duration::ZERO,
+            1,
+            crate::runtime::watermark::WATERMARK_MIN,
+            std::time::Instant::now(),
+        );
+        TimestampsAndWatermarksOp {
+            strategy,
+            watermarks,
+            interval_ms: i64::try_from(interval.as_millis()).unwrap_or(i64::MAX),
+            next_emit: 0,
+        }
+    }
+}
+
+impl<T: Send + 'static> Operator<T, T> for TimestampsAndWatermarksOp<T> {
+    fn process(&mut self, input: &mut Vec<T>, out: &mut Vec<T>) -> TaskResult {
+        if !input.is_empty() {
+            for r in input.iter() {
+                self.watermarks.on_record(0, (self.strategy.timestamp)(r));
+            }
+            self.watermarks.on_batch(0, std::time::Instant::now());
+        }
+        out.append(input);
+        Ok(())
+    }
+    fn on_watermark(&mut self, watermark: i64, _out: &mut Vec<T>) -> TaskResult<Option<i64>> {
+        // Only the end of the input passes; the rest is this operator's to make.
+        Ok((watermark == crate::runtime::watermark::WATERMARK_MAX).then_some(watermark))
+    }
+    fn next_processing_timer(&self) -> Option<i64> {
+        (self.interval_ms > 0).then_some(self.next_emit)
+    }
+    fn on_processing_time(&mut self, now_ms: i64, _out: &mut Vec<T>) -> TaskResult<Option<i64>> {
+        self.next_emit = now_ms.saturating_add(self.interval_ms);
+        Ok(match self.watermarks.emit(std::time::Instant::now()) {
+            Some(crate::runtime::watermark::WatermarkOutput::Watermark(w)) => Some(w),
+            _ => None,
+        })
     }
 }

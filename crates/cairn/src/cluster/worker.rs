@@ -195,6 +195,14 @@ impl AttemptRuntime {
                 channel,
                 element: Element::EndOfStream,
             }),
+            DataFrame::Watermark(t) => mailbox.send(Mail::Data {
+                channel,
+                element: Element::Watermark(t),
+            }),
+            DataFrame::Idle => mailbox.send(Mail::Data {
+                channel,
+                element: Element::Idle,
+            }),
             DataFrame::PriorityBarrier(barrier, batches_before) => {
                 priority.send(Mail::PriorityBarrier {
                     channel,

@@ -64,6 +64,7 @@ impl<T: Send + 'static> Source<T> for SequenceSource<T> {
             rate: self.rate_per_sec as f64 * share,
             started: Instant::now(),
             emitted: 0,
+            last: 0,
         }))
     }
 }
@@ -75,13 +76,17 @@ struct SequenceReader<T> {
     rate: f64,
     started: Instant,
     emitted: u64,
+    /// The split the last poll read from.
+    last: usize,
 }
 
 impl<T: Send> SourceReader<T> for SequenceReader<T> {
     fn poll(&mut self, out: &mut Vec<T>, max: usize) -> TaskResult<SourceStatus> {
-        let Some(split) = self.splits.iter_mut().find(|s| s.next < s.end) else {
+        let Some(index) = self.splits.iter().position(|s| s.next < s.end) else {
             return Ok(SourceStatus::Exhausted);
         };
+        self.last = index;
+        let split = &mut self.splits[index];
         let mut n = (max as u64).min(split.end - split.next);
         if self.rate > 0.0 {
             let rate = self.rate.max(1.0);
@@ -103,5 +108,17 @@ impl<T: Send> SourceReader<T> for SequenceReader<T> {
 
     fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
         super::encode_splits(&self.splits)
+    }
+
+    fn last_split(&self) -> usize {
+        self.last
+    }
+
+    fn split_count(&self) -> usize {
+        self.splits.len()
+    }
+
+    fn split_finished(&self, index: usize) -> bool {
+        self.splits.get(index).is_none_or(|s| s.next >= s.end)
     }
 }

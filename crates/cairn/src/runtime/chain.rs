@@ -10,6 +10,9 @@ use serde::Serialize;
 
 use super::channel::{Barrier, ChannelSender, Element, BATCH_RECORDS_MAX};
 use super::gate::{FlushCredit, ForwardStep, Forwarding};
+use super::watermark::{
+    SourceWatermarks, TimestampFn, WatermarkOutput, WATERMARK_MAX, WATERMARK_MIN,
+};
 use crate::error::{TaskError, TaskResult};
 use crate::state::keygroup::{key_group_of_hash, subtask_for_key_group};
 use crate::state::{OperatorListData, OperatorSnapshot};
@@ -21,6 +24,10 @@ pub enum Event {
     Barrier(Barrier),
     /// Unaligned checkpoint barrier: overtakes the data queued at the receiver.
     UnalignedBarrier(Barrier),
+    /// Event time advanced (sent after the operators of the chain saw it).
+    Watermark(i64),
+    /// The task is idle: it does not hold back its receivers' watermarks.
+    Idle,
     /// No more records.
     EndOfStream,
 }
@@ -32,6 +39,21 @@ pub trait Operator<I, O>: Send + 'static {
     /// The input ended; may emit final records.
     fn end_input(&mut self, _out: &mut Vec<O>) -> TaskResult {
         Ok(())
+    }
+    /// Event time advanced to `watermark`: fire event-time timers up to it. Returns the
+    /// watermark that goes on to the next operator (by default this one; an operator that
+    /// makes its own watermarks swallows it).
+    fn on_watermark(&mut self, watermark: i64, _out: &mut Vec<O>) -> TaskResult<Option<i64>> {
+        Ok(Some(watermark))
+    }
+    /// The earliest processing-time timer (ms since the epoch), if any.
+    fn next_processing_timer(&self) -> Option<i64> {
+        None
+    }
+    /// Processing time reached `now_ms`: fire processing-time timers up to it. Returns a
+    /// watermark to send on, if the operator makes its own.
+    fn on_processing_time(&mut self, _now_ms: i64, _out: &mut Vec<O>) -> TaskResult<Option<i64>> {
+        Ok(None)
     }
     /// Synchronous part of a snapshot (None: stateless).
     fn snapshot(&mut self, _checkpoint_id: u64) -> TaskResult<Option<OperatorSnapshot>> {
@@ -57,6 +79,19 @@ pub trait TwoInputOperator<I1, I2, O>: Send + 'static {
     fn end_input(&mut self, _out: &mut Vec<O>) -> TaskResult {
         Ok(())
     }
+    /// Event time (the minimum over both inputs) advanced to `watermark`; returns the
+    /// watermark to send on.
+    fn on_watermark(&mut self, watermark: i64, _out: &mut Vec<O>) -> TaskResult<Option<i64>> {
+        Ok(Some(watermark))
+    }
+    /// The earliest processing-time timer, if any.
+    fn next_processing_timer(&self) -> Option<i64> {
+        None
+    }
+    /// Processing time reached `now_ms`.
+    fn on_processing_time(&mut self, _now_ms: i64, _out: &mut Vec<O>) -> TaskResult<Option<i64>> {
+        Ok(None)
+    }
     /// Synchronous part of a snapshot.
     fn snapshot(&mut self, _checkpoint_id: u64) -> TaskResult<Option<OperatorSnapshot>> {
         Ok(None)
@@ -73,6 +108,12 @@ pub trait Chain<I>: Send {
     fn push(&mut self, batch: &mut Vec<I>) -> TaskResult;
     /// The input of the chain ended.
     fn end_input(&mut self) -> TaskResult;
+    /// Event time advanced: every operator fires its timers, then the watermark goes out.
+    fn watermark(&mut self, watermark: i64) -> TaskResult;
+    /// The earliest processing-time timer of the chain's operators.
+    fn next_processing_timer(&self) -> Option<i64>;
+    /// Processing time reached `now_ms`: every operator fires its due timers.
+    fn processing_time(&mut self, now_ms: i64) -> TaskResult;
     /// Collects the synchronous snapshots of every operator.
     fn snapshot(&mut self, checkpoint_id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult;
     /// Notifies every operator that a checkpoint completed.
@@ -120,6 +161,34 @@ impl<I: 'static, O: Send + 'static, Op: Operator<I, O>> Chain<I> for Link<I, O, 
         }
         self.next.end_input()
     }
+    fn watermark(&mut self, watermark: i64) -> TaskResult {
+        let forward = self.op.on_watermark(watermark, &mut self.out)?;
+        if !self.out.is_empty() {
+            self.next.push(&mut self.out)?;
+        }
+        match forward {
+            Some(w) => self.next.watermark(w),
+            None => Ok(()),
+        }
+    }
+    fn next_processing_timer(&self) -> Option<i64> {
+        earliest(
+            self.op.next_processing_timer(),
+            self.next.next_processing_timer(),
+        )
+    }
+    fn processing_time(&mut self, now_ms: i64) -> TaskResult {
+        if self.op.next_processing_timer().is_some_and(|t| t <= now_ms) {
+            let made = self.op.on_processing_time(now_ms, &mut self.out)?;
+            if !self.out.is_empty() {
+                self.next.push(&mut self.out)?;
+            }
+            if let Some(w) = made {
+                self.next.watermark(w)?;
+            }
+        }
+        self.next.processing_time(now_ms)
+    }
     fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
         if let Some(s) = self.op.snapshot(id)? {
             out.push(s);
@@ -142,6 +211,15 @@ impl<I: 'static, O: Send + 'static, Op: Operator<I, O>> Chain<I> for Link<I, O, 
     }
 }
 
+/// The earlier of two optional times.
+pub fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
 /// The end of a chain with no outgoing channel (after a sink).
 pub struct NullChain;
 
@@ -151,6 +229,15 @@ impl<T: Send> Chain<T> for NullChain {
         Ok(())
     }
     fn end_input(&mut self) -> TaskResult {
+        Ok(())
+    }
+    fn watermark(&mut self, _: i64) -> TaskResult {
+        Ok(())
+    }
+    fn next_processing_timer(&self) -> Option<i64> {
+        None
+    }
+    fn processing_time(&mut self, _: i64) -> TaskResult {
         Ok(())
     }
     fn snapshot(&mut self, _: u64, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
@@ -324,6 +411,8 @@ impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
                                 s.send_priority_barrier(b, self.sent[ch])?
                             }
                             Event::EndOfStream => s.send_event(Element::EndOfStream)?,
+                            Event::Watermark(t) => s.send_event(Element::Watermark(t))?,
+                            Event::Idle => s.send_event(Element::Idle)?,
                         }
                     }
                 }
@@ -366,6 +455,15 @@ impl<T: Clone + Send + Serialize + 'static> Chain<T> for RecordWriter<T> {
         }
     }
     fn end_input(&mut self) -> TaskResult {
+        Ok(())
+    }
+    fn watermark(&mut self, watermark: i64) -> TaskResult {
+        self.emit(Event::Watermark(watermark))
+    }
+    fn next_processing_timer(&self) -> Option<i64> {
+        None
+    }
+    fn processing_time(&mut self, _: i64) -> TaskResult {
         Ok(())
     }
     fn snapshot(&mut self, _: u64, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
@@ -419,10 +517,23 @@ pub trait Source<T>: Send + Sync + 'static {
 
 /// Reads the splits of one source subtask.
 pub trait SourceReader<T>: Send {
-    /// Appends up to `max` records to `out`.
+    /// Appends up to `max` records to `out`, all of one split.
     fn poll(&mut self, out: &mut Vec<T>, max: usize) -> TaskResult<SourceStatus>;
     /// The splits with their current positions (the source's state in a checkpoint).
     fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>>;
+    /// The split (an index into the splits the reader was given) the last poll read from; its
+    /// records' timestamps make that split's watermark.
+    fn last_split(&self) -> usize {
+        0
+    }
+    /// How many splits the reader was given.
+    fn split_count(&self) -> usize {
+        1
+    }
+    /// Whether split `index` is read to its end (it no longer holds back the watermark).
+    fn split_finished(&self, _index: usize) -> bool {
+        false
+    }
 }
 
 /// The type-erased head of a task: a source reader or the first operator of the chain.
@@ -443,6 +554,12 @@ pub trait TaskBody: Send {
     fn emit(&mut self, event: Event) -> TaskResult;
     /// Sends partial batches downstream.
     fn flush(&mut self) -> TaskResult;
+    /// The task's watermark advanced (operator tasks; sources make their own).
+    fn watermark(&mut self, watermark: i64) -> TaskResult;
+    /// The earliest processing-time timer of the task's operators.
+    fn next_processing_timer(&self) -> Option<i64>;
+    /// Processing time reached `now_ms`.
+    fn processing_time(&mut self, now_ms: i64) -> TaskResult;
     /// Serializes a batch of input `port` (in-flight data of an unaligned checkpoint).
     fn encode_batch(&self, port: usize, batch: &(dyn Any + Send)) -> TaskResult<Vec<u8>>;
     /// Deserializes a batch of input `port` (replay of channel state).
@@ -504,6 +621,15 @@ macro_rules! delegate_chain {
         fn flush(&mut self) -> TaskResult {
             self.$field.flush()
         }
+        fn watermark(&mut self, watermark: i64) -> TaskResult {
+            self.$field.watermark(watermark)
+        }
+        fn next_processing_timer(&self) -> Option<i64> {
+            self.$field.next_processing_timer()
+        }
+        fn processing_time(&mut self, now_ms: i64) -> TaskResult {
+            self.$field.processing_time(now_ms)
+        }
     };
 }
 
@@ -535,21 +661,71 @@ pub struct SourceBody<T> {
     reader: Box<dyn SourceReader<T>>,
     buf: Vec<T>,
     chain: Box<dyn Chain<T>>,
+    /// Event time, when the source assigns timestamps.
+    time: Option<SourceTime<T>>,
+    /// The watermark emitted last (`i64::MAX` once every split ended).
+    watermark: i64,
+    /// The restored watermark still has to go out (after any replayed state).
+    announce: bool,
+}
+
+/// A source's timestamps and its watermarks over its splits.
+pub struct SourceTime<T> {
+    /// The event time of a record.
+    pub timestamp: TimestampFn<T>,
+    /// The watermarks of the splits.
+    pub watermarks: SourceWatermarks,
 }
 
 /// Name of the operator list state holding a source's splits.
 pub const SOURCE_SPLITS_STATE: &str = "splits";
+/// Name of the union list state holding the watermark of each source subtask; a restored
+/// subtask starts from the smallest one.
+pub const SOURCE_WATERMARK_STATE: &str = "watermark";
 
 impl<T> SourceBody<T> {
-    /// A source task body.
-    pub fn new(uid: String, reader: Box<dyn SourceReader<T>>, chain: Box<dyn Chain<T>>) -> Self {
+    /// A source task body; `restored_watermark` is where its event time resumes.
+    pub fn new(
+        uid: String,
+        reader: Box<dyn SourceReader<T>>,
+        chain: Box<dyn Chain<T>>,
+        time: Option<SourceTime<T>>,
+        restored_watermark: i64,
+    ) -> Self {
         SourceBody {
             uid,
             reader,
             buf: Vec::with_capacity(BATCH_RECORDS_MAX),
             chain,
+            time,
+            watermark: restored_watermark,
+            announce: restored_watermark > WATERMARK_MIN,
         }
     }
+
+    /// Sends what the watermark generator decided.
+    fn output(&mut self, out: Option<WatermarkOutput>) -> TaskResult {
+        match out {
+            Some(WatermarkOutput::Watermark(w)) if w > self.watermark || self.announce => {
+                self.announce = false;
+                self.watermark = w.max(self.watermark);
+                self.chain.watermark(self.watermark)
+            }
+            Some(WatermarkOutput::Idle) => self.chain.emit(Event::Idle),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The watermark to resume from: the smallest one the restored subtasks had emitted.
+pub fn restored_watermark(entries: &[Vec<u8>]) -> TaskResult<i64> {
+    let mut min: Option<i64> = None;
+    for e in entries {
+        let w: i64 = postcard::from_bytes(e)
+            .map_err(|e| TaskError::msg(format!("corrupt source watermark in checkpoint: {e}")))?;
+        min = Some(min.map_or(w, |m| m.min(w)));
+    }
+    Ok(min.unwrap_or(WATERMARK_MIN))
 }
 
 impl<T: Send + 'static> TaskBody for SourceBody<T> {
@@ -566,17 +742,56 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
         self.chain.end_input()
     }
     fn poll_source(&mut self) -> TaskResult<(usize, SourceStatus)> {
+        if self.announce {
+            let w = self.watermark;
+            self.output(Some(WatermarkOutput::Watermark(w)))?;
+        }
         let status = self.reader.poll(&mut self.buf, BATCH_RECORDS_MAX)?;
         let n = self.buf.len();
+        let mut decided = None;
+        if let Some(time) = &mut self.time {
+            let now = std::time::Instant::now();
+            if n > 0 {
+                let split = self.reader.last_split();
+                for r in &self.buf {
+                    time.watermarks.on_record(split, (time.timestamp)(r));
+                }
+                time.watermarks.on_batch(split, now);
+            }
+            if time.watermarks.due(now) {
+                for i in 0..self.reader.split_count() {
+                    if self.reader.split_finished(i) {
+                        time.watermarks.on_split_finished(i);
+                    }
+                }
+                decided = time.watermarks.emit(now);
+            }
+        }
         if n > 0 {
             self.chain.push(&mut self.buf)?;
+        }
+        self.output(decided)?;
+        if status == SourceStatus::Exhausted && self.watermark < WATERMARK_MAX {
+            // A bounded source ends with the maximum watermark, before the final checkpoint,
+            // so that every event-time result is in it.
+            if let Some(time) = &mut self.time {
+                time.watermarks.end();
+            }
+            self.output(Some(WatermarkOutput::Watermark(WATERMARK_MAX)))?;
         }
         Ok((n, status))
     }
     fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
         let splits = self.reader.snapshot()?;
         let splits = OperatorListData::connector(SOURCE_SPLITS_STATE, "source split", splits);
-        out.push(OperatorSnapshot::new(self.uid.clone()).with_list(splits));
+        let watermark = postcard::to_stdvec(&self.watermark).map_err(TaskError::msg)?;
+        let watermark =
+            OperatorListData::union_connector(SOURCE_WATERMARK_STATE, "watermark", vec![watermark]);
+        out.push(
+            OperatorSnapshot::new(self.uid.clone())
+                .with_list(splits)
+                .with_list(watermark),
+        );
         self.chain.snapshot(id, out)
     }
     fn notify_complete(&mut self, id: u64) -> TaskResult {
@@ -590,6 +805,15 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
     }
     fn flush(&mut self) -> TaskResult {
         self.chain.flush()
+    }
+    fn watermark(&mut self, _watermark: i64) -> TaskResult {
+        Err(TaskError::msg("a source task has no input watermark"))
+    }
+    fn next_processing_timer(&self) -> Option<i64> {
+        self.chain.next_processing_timer()
+    }
+    fn processing_time(&mut self, now_ms: i64) -> TaskResult {
+        self.chain.processing_time(now_ms)
     }
 }
 
@@ -687,5 +911,33 @@ where
     }
     fn flush(&mut self) -> TaskResult {
         self.next.flush()
+    }
+    fn watermark(&mut self, watermark: i64) -> TaskResult {
+        let forward = self.op.on_watermark(watermark, &mut self.out)?;
+        if !self.out.is_empty() {
+            self.next.push(&mut self.out)?;
+        }
+        match forward {
+            Some(w) => self.next.watermark(w),
+            None => Ok(()),
+        }
+    }
+    fn next_processing_timer(&self) -> Option<i64> {
+        earliest(
+            self.op.next_processing_timer(),
+            self.next.next_processing_timer(),
+        )
+    }
+    fn processing_time(&mut self, now_ms: i64) -> TaskResult {
+        if self.op.next_processing_timer().is_some_and(|t| t <= now_ms) {
+            let made = self.op.on_processing_time(now_ms, &mut self.out)?;
+            if !self.out.is_empty() {
+                self.next.push(&mut self.out)?;
+            }
+            if let Some(w) = made {
+                self.next.watermark(w)?;
+            }
+        }
+        self.next.processing_time(now_ms)
     }
 }

@@ -33,6 +33,11 @@ pub enum Element {
     Encoded(Vec<u8>),
     /// A checkpoint barrier.
     Barrier(Barrier),
+    /// Event time: no record with a timestamp at or below this one follows on the channel.
+    Watermark(i64),
+    /// The sender is idle: until it sends a record or a watermark, the channel does not hold
+    /// back the receiver's watermark.
+    Idle,
     /// The sender has no more records.
     EndOfStream,
 }
@@ -43,6 +48,8 @@ impl std::fmt::Debug for Element {
             Element::Batch(_) => f.write_str("Batch"),
             Element::Encoded(b) => write!(f, "Encoded({} bytes)", b.len()),
             Element::Barrier(b) => write!(f, "Barrier({})", b.id),
+            Element::Watermark(t) => write!(f, "Watermark({t})"),
+            Element::Idle => f.write_str("Idle"),
             Element::EndOfStream => f.write_str("EndOfStream"),
         }
     }
@@ -158,6 +165,10 @@ pub enum DataFrame {
     PriorityBarrier(Barrier, u64),
     /// End of stream.
     EndOfStream,
+    /// A watermark.
+    Watermark(i64),
+    /// The sender is idle.
+    Idle,
 }
 
 /// The sending side of a channel to a subtask in another process.
@@ -348,7 +359,7 @@ impl ChannelSender {
         self.send(Element::Batch(batch))
     }
 
-    /// Sends an event (barrier, end of stream); takes no credit.
+    /// Sends an event (barrier, watermark, idleness, end of stream); takes no credit.
     pub fn send_event(&self, element: Element) -> TaskResult {
         self.send(element)
     }
@@ -364,6 +375,8 @@ impl ChannelSender {
             Target::Remote(link) => match element {
                 Element::Barrier(b) => link.send(DataFrame::Barrier(b)),
                 Element::EndOfStream => link.send(DataFrame::EndOfStream),
+                Element::Watermark(t) => link.send(DataFrame::Watermark(t)),
+                Element::Idle => link.send(DataFrame::Idle),
                 Element::Encoded(bytes) => link.send(DataFrame::Batch(bytes)),
                 Element::Batch(_) => {
                     Err(TaskError::msg("an unserialized batch on a remote channel"))

@@ -290,6 +290,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                     parallelism: p,
                     max_parallelism: plan.max_parallelism,
                     checkpointing,
+                    watermark_interval: cx.config.auto_watermark_interval,
                     restored: cx
                         .restored
                         .map(|c| c.restored_for(&spec.uid, i, p))

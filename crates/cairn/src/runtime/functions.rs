@@ -1,7 +1,7 @@
 //! User function traits for the operators that are more than a closure.
 
 use crate::error::TaskResult;
-use crate::state::{Key, KeyedContext, OperatorStateStore};
+use crate::state::{Key, KeyedContext, OperatorStateStore, TimeDomain};
 
 /// Where a function puts its output records.
 pub struct Collector<'a, O> {
@@ -59,6 +59,16 @@ pub trait KeyedProcessFunction<K: Key, I, O>: Clone + Send + 'static {
         ctx: &mut KeyedContext<K>,
         out: &mut Collector<O>,
     ) -> TaskResult;
+    /// A timer registered through `ctx` fired at `time`; `ctx` is scoped to its key.
+    fn on_timer(
+        &mut self,
+        _time: i64,
+        _domain: TimeDomain,
+        _ctx: &mut KeyedContext<K>,
+        _out: &mut Collector<O>,
+    ) -> TaskResult {
+        Ok(())
+    }
 }
 
 /// Processes two keyed streams connected on the same key type, with shared keyed state.
@@ -81,6 +91,16 @@ pub trait KeyedCoProcessFunction<K: Key, I1, I2, O>: Clone + Send + 'static {
         ctx: &mut KeyedContext<K>,
         out: &mut Collector<O>,
     ) -> TaskResult;
+    /// A timer registered through `ctx` fired at `time`; `ctx` is scoped to its key.
+    fn on_timer(
+        &mut self,
+        _time: i64,
+        _domain: TimeDomain,
+        _ctx: &mut KeyedContext<K>,
+        _out: &mut Collector<O>,
+    ) -> TaskResult {
+        Ok(())
+    }
 }
 
 /// Processes two connected (not keyed) streams.

@@ -943,7 +943,7 @@ mod tests {
                 }
                 Element::Barrier(b) => gate.on_barrier(ch, b, t0()),
                 Element::EndOfStream => gate.on_end_of_stream(ch, t0()),
-                Element::Encoded(_) => Vec::new(),
+                Element::Encoded(_) | Element::Watermark(_) | Element::Idle => Vec::new(),
             };
             for a in actions {
                 if let GateAction::Snapshot { barrier, .. } = a {

@@ -25,6 +25,8 @@ pub struct SubtaskInit {
     pub max_parallelism: u32,
     /// Whether checkpointing is on.
     pub checkpointing: bool,
+    /// How often a source emits its watermark (`pipeline.auto-watermark-interval`).
+    pub watermark_interval: std::time::Duration,
     /// The operator's state from the restored checkpoint (empty on a fresh start).
     pub restored: RestoredState,
 }

@@ -16,6 +16,7 @@ pub mod plan;
 pub mod restart;
 pub mod status;
 pub mod task;
+pub mod watermark;
 
 pub use job::{
     run_job, run_job_with, InjectSpec, InjectTarget, JobError, JobSummary, Progress, RestoreFrom,

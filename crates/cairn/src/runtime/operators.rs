@@ -5,8 +5,11 @@ use std::marker::PhantomData;
 use super::functions::{
     CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction, ProcessFunction,
 };
+use super::watermark::TimestampFn;
 use crate::error::TaskResult;
-use crate::state::{Key, KeyedContext, OperatorListData, OperatorSnapshot, OperatorStateStore};
+use crate::state::{
+    Key, KeyedContext, OperatorListData, OperatorSnapshot, OperatorStateStore, TimeDomain,
+};
 
 use super::chain::{Operator, TwoInputOperator};
 
@@ -93,10 +96,11 @@ where
     }
 }
 
-/// A keyed process function with its keyed state backend.
+/// A keyed process function with its keyed state backend and timers.
 pub struct KeyedProcessOp<K, I, O, KF, F> {
     uid: String,
     key_of: KF,
+    timestamps: Option<TimestampFn<I>>,
     f: F,
     ctx: KeyedContext<K>,
     _io: PhantomData<fn(I) -> O>,
@@ -108,15 +112,38 @@ where
 {
     /// Opens `f` over a (possibly restored) backend.
     pub fn new(uid: String, key_of: KF, mut f: F, mut ctx: KeyedContext<K>) -> TaskResult<Self> {
+        ctx.check_restored()?;
         f.open(&mut ctx)?;
         Ok(KeyedProcessOp {
             uid,
             key_of,
+            timestamps: None,
             f,
             ctx,
             _io: PhantomData,
         })
     }
+
+    /// Records carry event time: `ctx.timestamp()` gives it.
+    pub fn with_timestamps(mut self, timestamps: Option<TimestampFn<I>>) -> Self {
+        self.timestamps = timestamps;
+        self
+    }
+}
+
+/// Fires the timers of `domain` due at `upto` through `on_timer`.
+fn fire_timers<K: Key, O>(
+    ctx: &mut KeyedContext<K>,
+    domain: TimeDomain,
+    upto: i64,
+    out: &mut Vec<O>,
+    mut on_timer: impl FnMut(i64, &mut KeyedContext<K>, &mut Collector<O>) -> TaskResult,
+) -> TaskResult {
+    let mut c = Collector::new(out);
+    while let Some(t) = ctx.next_due_timer(domain, upto) {
+        on_timer(t, ctx, &mut c)?;
+    }
+    Ok(())
 }
 
 impl<K, I, O, KF, F> Operator<I, O> for KeyedProcessOp<K, I, O, KF, F>
@@ -131,9 +158,38 @@ where
         let mut c = Collector::new(out);
         for r in input.drain(..) {
             self.ctx.set_current_key((self.key_of)(&r));
+            if let Some(ts) = &self.timestamps {
+                self.ctx.set_timestamp(Some(ts(&r)));
+            }
             self.f.process(r, &mut self.ctx, &mut c)?;
         }
         Ok(())
+    }
+    fn on_watermark(&mut self, watermark: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
+        self.ctx.set_watermark(watermark);
+        let f = &mut self.f;
+        fire_timers(
+            &mut self.ctx,
+            TimeDomain::EventTime,
+            watermark,
+            out,
+            |t, ctx, c| f.on_timer(t, TimeDomain::EventTime, ctx, c),
+        )?;
+        Ok(Some(watermark))
+    }
+    fn next_processing_timer(&self) -> Option<i64> {
+        self.ctx.next_processing_timer()
+    }
+    fn on_processing_time(&mut self, now_ms: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
+        let f = &mut self.f;
+        fire_timers(
+            &mut self.ctx,
+            TimeDomain::ProcessingTime,
+            now_ms,
+            out,
+            |t, ctx, c| f.on_timer(t, TimeDomain::ProcessingTime, ctx, c),
+        )?;
+        Ok(None)
     }
     fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
         Ok(Some(self.ctx.snapshot(&self.uid)))
@@ -145,6 +201,8 @@ pub struct KeyedCoProcessOp<K, I1, I2, O, KF1, KF2, F> {
     uid: String,
     key1: KF1,
     key2: KF2,
+    ts1: Option<TimestampFn<I1>>,
+    ts2: Option<TimestampFn<I2>>,
     f: F,
     ctx: KeyedContext<K>,
     _io: PhantomData<fn(I1, I2) -> O>,
@@ -162,15 +220,31 @@ where
         mut f: F,
         mut ctx: KeyedContext<K>,
     ) -> TaskResult<Self> {
+        ctx.check_restored()?;
         f.open(&mut ctx)?;
         Ok(KeyedCoProcessOp {
             uid,
             key1,
             key2,
+            ts1: None,
+            ts2: None,
             f,
             ctx,
             _io: PhantomData,
         })
+    }
+}
+
+impl<K, I1, I2, O, KF1, KF2, F> KeyedCoProcessOp<K, I1, I2, O, KF1, KF2, F> {
+    /// The inputs' records carry event time: `ctx.timestamp()` gives it.
+    pub fn with_timestamps(
+        mut self,
+        ts1: Option<TimestampFn<I1>>,
+        ts2: Option<TimestampFn<I2>>,
+    ) -> Self {
+        self.ts1 = ts1;
+        self.ts2 = ts2;
+        self
     }
 }
 
@@ -189,6 +263,9 @@ where
         let mut c = Collector::new(out);
         for r in input.drain(..) {
             self.ctx.set_current_key((self.key1)(&r));
+            if let Some(ts) = &self.ts1 {
+                self.ctx.set_timestamp(Some(ts(&r)));
+            }
             self.f.process1(r, &mut self.ctx, &mut c)?;
         }
         Ok(())
@@ -197,9 +274,38 @@ where
         let mut c = Collector::new(out);
         for r in input.drain(..) {
             self.ctx.set_current_key((self.key2)(&r));
+            if let Some(ts) = &self.ts2 {
+                self.ctx.set_timestamp(Some(ts(&r)));
+            }
             self.f.process2(r, &mut self.ctx, &mut c)?;
         }
         Ok(())
+    }
+    fn on_watermark(&mut self, watermark: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
+        self.ctx.set_watermark(watermark);
+        let f = &mut self.f;
+        fire_timers(
+            &mut self.ctx,
+            TimeDomain::EventTime,
+            watermark,
+            out,
+            |t, ctx, c| f.on_timer(t, TimeDomain::EventTime, ctx, c),
+        )?;
+        Ok(Some(watermark))
+    }
+    fn next_processing_timer(&self) -> Option<i64> {
+        self.ctx.next_processing_timer()
+    }
+    fn on_processing_time(&mut self, now_ms: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
+        let f = &mut self.f;
+        fire_timers(
+            &mut self.ctx,
+            TimeDomain::ProcessingTime,
+            now_ms,
+            out,
+            |t, ctx, c| f.on_timer(t, TimeDomain::ProcessingTime, ctx, c),
+        )?;
+        Ok(None)
     }
     fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
         Ok(Some(self.ctx.snapshot(&self.uid)))

@@ -15,6 +15,7 @@ use super::chain::{Event, SourceStatus, TaskBody};
 use super::channel::{Barrier, BarrierKind, CreditReturn, Element, Mail};
 use super::gate::{GateAction, InputGate, Now};
 use super::inject::FailureInjector;
+use super::watermark::{WatermarkOutput, WatermarkValve};
 use crate::checkpoint::restore::TaskStateFile;
 use crate::checkpoint::{now_ms, DeclineCause, OperatorStates, TaskAck, TaskCheckpointStats};
 use crate::error::{TaskError, TaskResult};
@@ -382,12 +383,27 @@ impl TaskRuntime {
         let mut stopped: Option<u64> = self.stopped.then_some(0);
         let mut idle_until: Option<Instant> = None;
         loop {
+            let timer = self.body.next_processing_timer();
+            if timer.is_some_and(|t| wall_ms() >= t) {
+                self.body.processing_time(wall_ms())?;
+                continue;
+            }
             let mail = if exhausted || stopped.is_some() {
                 self.body.flush()?;
-                Some(self.mailbox.recv().map_err(|_| TaskError::Cancelled)?)
+                match timer {
+                    None => Some(self.mailbox.recv().map_err(|_| TaskError::Cancelled)?),
+                    Some(t) => match self.mailbox.recv_deadline(instant_of(t)) {
+                        Ok(m) => Some(m),
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
+                        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                            return Err(TaskError::Cancelled)
+                        }
+                    },
+                }
             } else if let Some(until) = idle_until.take() {
                 // A throttled source has nothing yet: wait for mail, at most until it has.
                 self.body.flush()?;
+                let until = earlier(Some(until), timer.map(instant_of)).unwrap_or(until);
                 match self.mailbox.recv_deadline(until) {
                     Ok(m) => Some(m),
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
@@ -419,6 +435,9 @@ impl TaskRuntime {
                 if resumed {
                     stopped = None;
                 }
+                continue;
+            }
+            if exhausted || stopped.is_some() {
                 continue;
             }
             let (n, status) = self.body.poll_source()?;
@@ -599,8 +618,16 @@ impl TaskRuntime {
         for &p in &self.channel_ports {
             open_per_port[p] += 1;
         }
+        let mut valve = WatermarkValve::new(self.channel_ports.len());
         let mut next_promote_check = Instant::now();
+        let mut timer = self.body.next_processing_timer();
         loop {
+            if let Some(t) = timer {
+                if wall_ms() >= t {
+                    self.body.processing_time(wall_ms())?;
+                    timer = self.body.next_processing_timer();
+                }
+            }
             if gate.promotes() && Instant::now() >= next_promote_check {
                 next_promote_check = Instant::now() + PROMOTE_CHECK_INTERVAL;
                 self.promote_timed_out_barriers(&mut gate)?;
@@ -627,7 +654,8 @@ impl TaskRuntime {
                             Ok(m) => m,
                             Err(TryRecvError::Empty) => {
                                 self.body.flush()?;
-                                match self.wait(gate.deadline())? {
+                                let deadline = earlier(gate.deadline(), timer.map(instant_of));
+                                match self.wait(deadline)? {
                                     Some(m) => m,
                                     None => continue,
                                 }
@@ -652,7 +680,8 @@ impl TaskRuntime {
                 Element::Encoded(bytes) => (self.body.decode_batch(port, &bytes)?, Some(bytes)),
                 Element::Batch(batch) => (batch, None),
                 other => {
-                    self.handle_event(&mut gate, ch, port, other, &mut open_per_port)?;
+                    self.handle_event(&mut gate, &mut valve, ch, port, other, &mut open_per_port)?;
+                    timer = self.body.next_processing_timer();
                     if gate.all_ended() {
                         return self.finish(&mut gate);
                     }
@@ -660,6 +689,7 @@ impl TaskRuntime {
                 }
             };
             self.credits[ch].release();
+            valve.on_records(ch);
             if !self.priority.is_empty() {
                 // A priority barrier sent before this batch is in the priority mailbox by now
                 // (it may have arrived after the loop last looked): it goes first, or a batch
@@ -675,6 +705,7 @@ impl TaskRuntime {
                 None
             };
             self.body.process(port, batch)?;
+            timer = self.body.next_processing_timer();
             self.inject()?;
             if let Some(a) = gate.after_batch(ch, recorded) {
                 self.act(a)?;
@@ -685,6 +716,7 @@ impl TaskRuntime {
     fn handle_event(
         &mut self,
         gate: &mut InputGate,
+        valve: &mut WatermarkValve,
         ch: usize,
         port: usize,
         element: Element,
@@ -699,7 +731,11 @@ impl TaskRuntime {
                     self.capture_in_flight(gate)?;
                 }
             }
+            Element::Watermark(w) => self.watermark_out(valve.on_watermark(ch, w))?,
+            Element::Idle => self.watermark_out(valve.on_idle(ch))?,
             Element::EndOfStream => {
+                // An ended channel no longer holds back event time.
+                self.watermark_out(valve.on_end_of_stream(ch))?;
                 let actions = gate.on_end_of_stream(ch, now());
                 self.act_all(actions)?;
                 open_per_port[port] -= 1;
@@ -713,6 +749,37 @@ impl TaskRuntime {
             Element::Batch(_) | Element::Encoded(_) => {}
         }
         Ok(())
+    }
+}
+
+impl TaskRuntime {
+    /// Passes what the input watermarks decided to the chain.
+    fn watermark_out(&mut self, out: Option<WatermarkOutput>) -> TaskResult {
+        match out {
+            Some(WatermarkOutput::Watermark(w)) => self.body.watermark(w),
+            Some(WatermarkOutput::Idle) => self.body.emit(Event::Idle),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Wall-clock time in ms since the epoch (processing time).
+fn wall_ms() -> i64 {
+    crate::checkpoint::now_ms() as i64
+}
+
+/// The instant at which wall-clock time reaches `ms`.
+fn instant_of(ms: i64) -> Instant {
+    let ahead = ms.saturating_sub(wall_ms()).max(0) as u64;
+    Instant::now() + Duration::from_millis(ahead)
+}
+
+/// The earlier of two optional deadlines.
+fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
     }
 }
 

@@ -1205,6 +1205,8 @@ impl World {
             Element::Barrier(b) => format!("task {task} input {input}: barrier {}", b.id),
             Element::EndOfStream => format!("task {task} input {input}: end of stream"),
             Element::Encoded(_) => format!("task {task} input {input}: encoded"),
+            Element::Watermark(t) => format!("task {task} input {input}: watermark {t}"),
+            Element::Idle => format!("task {task} input {input}: idle"),
         });
         match element {
             Element::Batch(batch) => {
@@ -1235,6 +1237,9 @@ impl World {
                 }
             }
             Element::Encoded(_) => self.violate(format!("task {task} got an encoded batch")),
+            Element::Watermark(_) | Element::Idle => self.violate(format!(
+                "task {task} got a watermark: simulated sources make none"
+            )),
         }
         let parked = self.tasks[task].gate.parked();
         if parked > self.inputs[task].len() * (CREDITS_MAX as usize + 6) {

@@ -9,6 +9,7 @@
 pub mod keygroup;
 
 pub mod operator;
+pub mod timers;
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap as StdHashMap};
@@ -25,6 +26,7 @@ use crate::error::{TaskError, TaskResult};
 use keygroup::{key_group_of_hash, stable_hash, KeyGroupRange, StableKey};
 
 pub use operator::{OperatorListState, OperatorStateStore};
+pub use timers::{TimeDomain, Timers};
 
 /// A type usable as a key of keyed state. Its key group comes from its [`StableKey`] encoding;
 /// `Hash` and `Eq` serve the in-memory tables only.
@@ -54,6 +56,8 @@ pub enum StateKind {
     OperatorList,
     /// Operator state: a list every subtask gets whole on restore.
     UnionList,
+    /// Keyed system state: the timers of a keyed operator.
+    Timers,
 }
 
 impl StateKind {
@@ -66,6 +70,7 @@ impl StateKind {
             StateKind::Reducing => "reducing",
             StateKind::OperatorList => "operator list",
             StateKind::UnionList => "union list",
+            StateKind::Timers => "timers",
         }
     }
 }
@@ -164,6 +169,14 @@ impl OperatorListData {
             entries,
         }
     }
+
+    /// A connector's union list (every subtask gets all of it on restore).
+    pub fn union_connector(name: impl Into<String>, what: &str, entries: Vec<Vec<u8>>) -> Self {
+        OperatorListData {
+            kind: StateKind::UnionList,
+            ..Self::connector(name, what, entries)
+        }
+    }
 }
 
 /// What `_metadata` says about one state of an operator.
@@ -218,7 +231,7 @@ pub struct ChannelStateData {
     pub channels: Vec<(u32, Vec<Vec<u8>>)>,
 }
 
-type DeferredTable = Box<dyn FnOnce() -> TaskResult<KeyedTableData> + Send>;
+pub(crate) type DeferredTable = Box<dyn FnOnce() -> TaskResult<KeyedTableData> + Send>;
 
 /// The synchronous part of an operator's snapshot; [`OperatorSnapshot::finish`] is the
 /// asynchronous part and runs off the task thread.
@@ -361,12 +374,19 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
 /// being processed. User functions receive it to read and write their registered states.
 pub struct KeyedContext<K> {
     current: Option<K>,
+    /// The event time of the record being processed, when the stream has one.
+    timestamp: Option<i64>,
+    /// The operator's event time (its input watermark).
+    watermark: i64,
+    /// The operator's timers (system state).
+    timers: Timers<K>,
     tables: Vec<Box<dyn ErasedTable<K>>>,
     restored: StdHashMap<String, KeyedTableData>,
     range: KeyGroupRange,
     max_parallelism: u32,
     subtask: u32,
     parallelism: u32,
+    timer_error: Option<TaskError>,
 }
 
 impl<K: Key> KeyedContext<K> {
@@ -375,17 +395,122 @@ impl<K: Key> KeyedContext<K> {
         subtask: u32,
         parallelism: u32,
         max_parallelism: u32,
-        restored: StdHashMap<String, KeyedTableData>,
+        mut restored: StdHashMap<String, KeyedTableData>,
     ) -> Self {
+        let range = KeyGroupRange::for_subtask(max_parallelism, parallelism, subtask);
+        let mut timers = Timers::new();
+        let mut timer_error = None;
+        for (name, domain) in [
+            (timers::EVENT_TIMERS, TimeDomain::EventTime),
+            (timers::PROCESSING_TIMERS, TimeDomain::ProcessingTime),
+        ] {
+            if let Some(table) = restored.remove(name) {
+                if let Err(e) = timers.queue(domain).restore(table, range) {
+                    timer_error = Some(e);
+                }
+            }
+        }
         KeyedContext {
             current: None,
+            timestamp: None,
+            watermark: i64::MIN,
+            timers,
             tables: Vec::new(),
             restored,
-            range: KeyGroupRange::for_subtask(max_parallelism, parallelism, subtask),
+            range,
             max_parallelism,
             subtask,
             parallelism,
+            timer_error,
         }
+    }
+
+    /// Fails if the restored timers could not be read (checked when the operator opens).
+    pub fn check_restored(&mut self) -> TaskResult {
+        match self.timer_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The event time of the record being processed (None: the stream has no timestamps).
+    pub fn timestamp(&self) -> Option<i64> {
+        self.timestamp
+    }
+
+    /// Sets the event time of the record being processed.
+    #[inline]
+    pub fn set_timestamp(&mut self, timestamp: Option<i64>) {
+        self.timestamp = timestamp;
+    }
+
+    /// The operator's current watermark.
+    pub fn current_watermark(&self) -> i64 {
+        self.watermark
+    }
+
+    /// Sets the operator's watermark (the runtime does, before firing timers).
+    pub fn set_watermark(&mut self, watermark: i64) {
+        self.watermark = self.watermark.max(watermark);
+    }
+
+    /// Processing time: the wall clock in ms since the epoch.
+    pub fn current_processing_time(&self) -> i64 {
+        crate::checkpoint::now_ms() as i64
+    }
+
+    /// Registers an event-time timer for the current key at `time`: `on_timer` runs once the
+    /// watermark reaches it. Registering the same (key, time) twice fires once.
+    pub fn register_event_time_timer(&mut self, time: i64) -> TaskResult {
+        let key = self.key()?.clone();
+        self.timers.event.register(&key, time);
+        Ok(())
+    }
+
+    /// Registers a processing-time timer for the current key at `time` (ms since the epoch).
+    pub fn register_processing_time_timer(&mut self, time: i64) -> TaskResult {
+        let key = self.key()?.clone();
+        self.timers.processing.register(&key, time);
+        Ok(())
+    }
+
+    /// Deletes the current key's event-time timer at `time`, if any.
+    pub fn delete_event_time_timer(&mut self, time: i64) -> TaskResult {
+        let key = self.key()?.clone();
+        self.timers.event.delete(&key, time);
+        Ok(())
+    }
+
+    /// Deletes the current key's processing-time timer at `time`, if any.
+    pub fn delete_processing_time_timer(&mut self, time: i64) -> TaskResult {
+        let key = self.key()?.clone();
+        self.timers.processing.delete(&key, time);
+        Ok(())
+    }
+
+    /// The earliest processing-time timer.
+    pub fn next_processing_timer(&self) -> Option<i64> {
+        self.timers.processing.peek()
+    }
+
+    /// The operator's timers (the runtime fires them).
+    pub fn timers(&mut self) -> &mut Timers<K> {
+        &mut self.timers
+    }
+
+    /// Fires the next timer of `domain` due at `upto`: sets its key as the current one and
+    /// returns its time.
+    pub fn next_due_timer(&mut self, domain: TimeDomain, upto: i64) -> Option<i64> {
+        let (t, k) = self.timers.queue(domain).pop_due(upto)?;
+        self.current = Some(k);
+        self.timestamp = Some(t);
+        Some(t)
+    }
+
+    fn key(&self) -> TaskResult<&K> {
+        self.current
+            .as_ref()
+            .ok_or_else(|| TaskError::msg("timers used outside of a keyed record"))
     }
 
     /// The key of the record being processed.
@@ -555,6 +680,11 @@ impl<K: Key> KeyedContext<K> {
         let mut snap = OperatorSnapshot::new(uid);
         for t in &self.tables {
             snap.keyed.push(t.snapshot(self.max_parallelism));
+        }
+        for q in [&self.timers.event, &self.timers.processing] {
+            if let Some(t) = q.snapshot(self.max_parallelism) {
+                snap.keyed.push(t);
+            }
         }
         for table in self.restored.values() {
             let data = table.clone();

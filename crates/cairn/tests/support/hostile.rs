@@ -67,6 +67,16 @@ pub mod seeds {
             DataMsg::Frame {
                 task: 1,
                 channel: 0,
+                frame: DataFrame::Watermark(1_700_000_000_123),
+            },
+            DataMsg::Frame {
+                task: 1,
+                channel: 1,
+                frame: DataFrame::Idle,
+            },
+            DataMsg::Frame {
+                task: 1,
+                channel: 0,
                 frame: DataFrame::EndOfStream,
             },
             DataMsg::Credit {

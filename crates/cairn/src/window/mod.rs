@@ -1,0 +1,859 @@
+//! Windows: tumbling, sliding and session windows on event or processing time, evaluated by a
+//! keyed operator whose window contents and timers are system state in the checkpoint.
+//!
+//! A window operator is a [`KeyedProcessFunction`] ([`WindowFunction`]) run by the ordinary
+//! keyed operator, so its state is keyed state (per key group: restored, rescaled) and its
+//! firings are timers. Per key it keeps *slots*: for a sliding window with the default trigger
+//! a slot is a pane (the greatest common divisor of size and slide), shared by every window that
+//! covers it, so a record costs one accumulator update whatever size/slide is; a window is
+//! evaluated by merging the accumulators of its panes when its timer fires. Otherwise a slot is
+//! a window. Session windows keep a sorted list of windows per key and merge them.
+//!
+//! Firing follows Flink's defaults: event-time windows fire when the watermark passes their
+//! end (`max_timestamp = end - 1`); with allowed lateness a record that arrives after that but
+//! within the lateness updates the window and fires it again (a late firing); the window is
+//! dropped when the watermark passes `max_timestamp + lateness`; a record for a dropped window is
+//! late and goes to the side output, if one was asked for. A count trigger fires every n records
+//! of a window (not on time); a purging trigger clears a window's contents when it fires.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{TaskError, TaskResult};
+use crate::runtime::functions::{Collector, KeyedProcessFunction};
+use crate::state::{Key, KeyedContext, StateValue, TimeDomain, ValueState};
+
+/// A window: the half-open interval `[start, end)` of ms since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TimeWindow {
+    /// First instant in the window.
+    pub start: i64,
+    /// First instant after it.
+    pub end: i64,
+}
+
+impl TimeWindow {
+    /// The largest timestamp in the window: its timer's time.
+    pub fn max_timestamp(&self) -> i64 {
+        self.end - 1
+    }
+
+    fn intersects(&self, other: &TimeWindow) -> bool {
+        self.start <= other.end && other.start <= self.end
+    }
+
+    fn cover(&self, other: &TimeWindow) -> TimeWindow {
+        TimeWindow {
+            start: self.start.min(other.start),
+            end: self.end.max(other.end),
+        }
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// How records are assigned to windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowAssigner {
+    shape: Shape,
+    domain: TimeDomain,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Windows of `size` every `slide` (tumbling: slide == size), starting at `offset` mod slide.
+    Aligned { size: i64, slide: i64, offset: i64 },
+    /// A window per burst of records less than `gap` apart.
+    Session { gap: i64 },
+}
+
+impl WindowAssigner {
+    /// Tumbling event-time windows of `size`.
+    pub fn tumbling(size: Duration) -> Self {
+        Self::sliding(size, size)
+    }
+
+    /// Sliding event-time windows of `size`, one starting every `slide`.
+    pub fn sliding(size: Duration, slide: Duration) -> Self {
+        WindowAssigner {
+            shape: Shape::Aligned {
+                size: ms(size),
+                slide: ms(slide),
+                offset: 0,
+            },
+            domain: TimeDomain::EventTime,
+        }
+    }
+
+    /// Event-time session windows closed by a `gap` without records of the key.
+    pub fn session(gap: Duration) -> Self {
+        WindowAssigner {
+            shape: Shape::Session { gap: ms(gap) },
+            domain: TimeDomain::EventTime,
+        }
+    }
+
+    /// Aligned windows start at `offset` past multiples of their slide (time zones).
+    pub fn with_offset(mut self, offset: Duration) -> Self {
+        if let Shape::Aligned {
+            offset: o, slide, ..
+        } = &mut self.shape
+        {
+            *o = ms(offset).rem_euclid((*slide).max(1));
+        }
+        self
+    }
+
+    /// The same windows on processing time (the subtask's wall clock) instead of event time.
+    pub fn on_processing_time(mut self) -> Self {
+        self.domain = TimeDomain::ProcessingTime;
+        self
+    }
+
+    /// The clock the windows follow.
+    pub fn domain(&self) -> TimeDomain {
+        self.domain
+    }
+
+    /// Checks the sizes; a one-line error names what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.shape {
+            Shape::Aligned { size, slide, .. } if size <= 0 || slide <= 0 => {
+                Err("window size and slide must be at least 1 ms".into())
+            }
+            Shape::Aligned { size, slide, .. } if slide > size => Err(format!(
+                "a sliding window's slide ({slide} ms) must not exceed its size ({size} ms)"
+            )),
+            Shape::Session { gap } if gap <= 0 => Err("session gap must be at least 1 ms".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// When a window is evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Trigger {
+    /// Fire every this many records of the window instead of on time.
+    count: Option<u64>,
+    /// Clear the window's contents when it fires.
+    purge: bool,
+}
+
+impl Trigger {
+    /// The assigner's own: fire when time passes the window's end (and again per late record).
+    pub fn default_for_time() -> Self {
+        Trigger::default()
+    }
+
+    /// Fire every `n` records of a window.
+    pub fn count(n: u64) -> Self {
+        Trigger {
+            count: Some(n.max(1)),
+            purge: false,
+        }
+    }
+
+    /// `inner`, clearing the window's contents after every firing.
+    pub fn purging(inner: Trigger) -> Self {
+        Trigger {
+            purge: true,
+            ..inner
+        }
+    }
+}
+
+/// Incremental aggregation of a window's records (Flink's `AggregateFunction`).
+pub trait AggregateFunction<T, R>: Clone + Send + Sync + 'static {
+    /// The running state of the aggregation.
+    type Acc: StateValue;
+    /// An empty accumulator.
+    fn create(&self) -> Self::Acc;
+    /// Adds a record.
+    fn add(&self, acc: &mut Self::Acc, value: T);
+    /// Folds `other` into `acc` (panes into a window, sessions into one).
+    fn merge(&self, acc: &mut Self::Acc, other: &Self::Acc);
+    /// The result.
+    fn result(&self, acc: &Self::Acc) -> R;
+}
+
+/// Evaluates a window with its key and bounds (Flink's `ProcessWindowFunction`); `input` is
+/// the aggregate (or, for [`CollectAll`], every record of the window).
+pub trait ProcessWindowFunction<K, R, O>: Clone + Send + Sync + 'static {
+    /// Emits the window's results.
+    fn process(&self, key: &K, window: TimeWindow, input: R, out: &mut Collector<O>);
+}
+
+impl<K, R, O, F> ProcessWindowFunction<K, R, O> for F
+where
+    F: Fn(&K, TimeWindow, R, &mut Collector<O>) + Clone + Send + Sync + 'static,
+{
+    fn process(&self, key: &K, window: TimeWindow, input: R, out: &mut Collector<O>) {
+        self(key, window, input, out)
+    }
+}
+
+/// Keeps every record of a window (a full-window `process`).
+pub struct CollectAll<T>(PhantomData<fn() -> T>);
+
+impl<T> Clone for CollectAll<T> {
+    fn clone(&self) -> Self {
+        CollectAll(PhantomData)
+    }
+}
+
+impl<T> Default for CollectAll<T> {
+    fn default() -> Self {
+        CollectAll(PhantomData)
+    }
+}
+
+impl<T: StateValue + Sync> AggregateFunction<T, Vec<T>> for CollectAll<T> {
+    type Acc = Vec<T>;
+    fn create(&self) -> Vec<T> {
+        Vec::new()
+    }
+    fn add(&self, acc: &mut Vec<T>, value: T) {
+        acc.push(value);
+    }
+    fn merge(&self, acc: &mut Vec<T>, other: &Vec<T>) {
+        acc.extend(other.iter().cloned());
+    }
+    fn result(&self, acc: &Vec<T>) -> Vec<T> {
+        acc.clone()
+    }
+}
+
+type ReduceFn<T> = Arc<dyn Fn(&T, &T) -> T + Send + Sync>;
+
+/// `reduce` as an aggregation.
+pub struct Reduce<T> {
+    f: ReduceFn<T>,
+}
+
+impl<T> Clone for Reduce<T> {
+    fn clone(&self) -> Self {
+        Reduce { f: self.f.clone() }
+    }
+}
+
+impl<T> Reduce<T> {
+    /// Folds records with `f`.
+    pub fn new(f: impl Fn(&T, &T) -> T + Send + Sync + 'static) -> Self {
+        Reduce { f: Arc::new(f) }
+    }
+}
+
+impl<T: StateValue> AggregateFunction<T, T> for Reduce<T> {
+    type Acc = Option<T>;
+    fn create(&self) -> Option<T> {
+        None
+    }
+    fn add(&self, acc: &mut Option<T>, value: T) {
+        *acc = Some(match acc.take() {
+            Some(a) => (self.f)(&a, &value),
+            None => value,
+        });
+    }
+    fn merge(&self, acc: &mut Option<T>, other: &Option<T>) {
+        if let Some(o) = other {
+            self.add(acc, o.clone());
+        }
+    }
+    fn result(&self, acc: &Option<T>) -> T {
+        // A slot exists only once a record was added to it.
+        acc.clone().expect("a reduced window holds a record")
+    }
+}
+
+/// The records of a window operator's output: results and, when asked for, late records.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum WindowOutput<O, T> {
+    /// A window's result.
+    Result(O),
+    /// A record that came after its windows were dropped.
+    Late(T),
+}
+
+/// The contents of one slot (pane or window) of a key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Slot<A> {
+    acc: A,
+    /// Records added since the last (count) firing.
+    count: u64,
+}
+
+/// Everything a window operator needs to know, for [`WindowFunction`].
+#[derive(Debug, Clone, Copy)]
+pub struct WindowSpec {
+    /// The assigner.
+    pub assigner: WindowAssigner,
+    /// The trigger.
+    pub trigger: Trigger,
+    /// How long after its end a window still takes late records (event time).
+    pub allowed_lateness: i64,
+    /// Whether late records go to the side output (else they are dropped).
+    pub late_output: bool,
+}
+
+/// The type parameters a window function is generic over, for `PhantomData`.
+type Types<K, T, R, O> = fn(K, T) -> (R, O);
+
+/// A key's slots of aligned windows, by start.
+type Slots<A> = BTreeMap<i64, Slot<A>>;
+/// A key's session windows, sorted by start.
+type Sessions<A> = Vec<(TimeWindow, Slot<A>)>;
+
+/// The window operator's function: assigns, accumulates, fires and cleans up.
+pub struct WindowFunction<K, T, R, O, A: AggregateFunction<T, R>, P> {
+    spec: WindowSpec,
+    agg: A,
+    process: P,
+    /// Aligned windows: the slots of a key by start.
+    slots: Option<ValueState<Slots<A::Acc>>>,
+    /// Session windows: a key's windows, sorted by start.
+    sessions: Option<ValueState<Sessions<A::Acc>>>,
+    _p: PhantomData<Types<K, T, R, O>>,
+}
+
+impl<K, T, R, O, A: AggregateFunction<T, R>, P: Clone> Clone for WindowFunction<K, T, R, O, A, P> {
+    fn clone(&self) -> Self {
+        WindowFunction {
+            spec: self.spec,
+            agg: self.agg.clone(),
+            process: self.process.clone(),
+            slots: self.slots.clone(),
+            sessions: self.sessions.clone(),
+            _p: PhantomData,
+        }
+    }
+}
+
+impl<K, T, R, O, A: AggregateFunction<T, R>, P> WindowFunction<K, T, R, O, A, P> {
+    /// A window function aggregating with `agg` and evaluating with `process`.
+    pub fn new(spec: WindowSpec, agg: A, process: P) -> Self {
+        WindowFunction {
+            spec,
+            agg,
+            process,
+            slots: None,
+            sessions: None,
+            _p: PhantomData,
+        }
+    }
+}
+
+/// Aligned windows: the geometry of slots and windows.
+#[derive(Debug, Clone, Copy)]
+struct Aligned {
+    size: i64,
+    slide: i64,
+    offset: i64,
+    /// Slot length: the pane (gcd of size and slide) when panes are shared, else the window
+    /// itself (a slot per window start).
+    pane: Option<i64>,
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Aligned {
+    /// The start of the last window (aligned to `period`) at or before `ts`.
+    fn floor(&self, ts: i64, period: i64) -> i64 {
+        ts - (ts - self.offset).rem_euclid(period)
+    }
+
+    /// The windows containing `ts`, latest start first.
+    fn windows_of(&self, ts: i64) -> impl Iterator<Item = TimeWindow> + '_ {
+        let last = self.floor(ts, self.slide);
+        (0..)
+            .map(move |i| last - i * self.slide)
+            .take_while(move |s| *s > ts - self.size)
+            .map(move |start| TimeWindow {
+                start,
+                end: start + self.size,
+            })
+    }
+
+    /// Whether `end` is the end of a window.
+    fn is_window_end(&self, end: i64) -> bool {
+        (end - self.offset - self.size).rem_euclid(self.slide) == 0
+    }
+}
+
+impl<K, T, R, O, A, P> WindowFunction<K, T, R, O, A, P>
+where
+    K: Key,
+    T: StateValue,
+    A: AggregateFunction<T, R>,
+    P: ProcessWindowFunction<K, R, O>,
+{
+    fn aligned(&self) -> Option<Aligned> {
+        match self.spec.assigner.shape {
+            Shape::Aligned {
+                size,
+                slide,
+                offset,
+            } => {
+                let shared = self.spec.trigger.count.is_none();
+                Some(Aligned {
+                    size,
+                    slide,
+                    offset,
+                    pane: shared.then(|| gcd(size, slide)),
+                })
+            }
+            Shape::Session { .. } => None,
+        }
+    }
+
+    fn event_time(&self) -> bool {
+        self.spec.assigner.domain == TimeDomain::EventTime
+    }
+
+    fn lateness(&self) -> i64 {
+        if self.event_time() {
+            self.spec.allowed_lateness
+        } else {
+            0
+        }
+    }
+
+    /// Whether window `w` was dropped already (its records are late).
+    fn is_late(&self, w: &TimeWindow, ctx: &KeyedContext<K>) -> bool {
+        self.event_time()
+            && w.max_timestamp().saturating_add(self.lateness()) <= ctx.current_watermark()
+    }
+
+    fn register(&self, ctx: &mut KeyedContext<K>, time: i64) -> TaskResult {
+        match self.spec.assigner.domain {
+            TimeDomain::EventTime => ctx.register_event_time_timer(time),
+            TimeDomain::ProcessingTime => ctx.register_processing_time_timer(time),
+        }
+    }
+
+    fn delete(&self, ctx: &mut KeyedContext<K>, time: i64) -> TaskResult {
+        match self.spec.assigner.domain {
+            TimeDomain::EventTime => ctx.delete_event_time_timer(time),
+            TimeDomain::ProcessingTime => ctx.delete_processing_time_timer(time),
+        }
+    }
+
+    /// The timers a new window needs: its firing (time triggers) and its cleanup.
+    /// A window the watermark passed already fires at once (a late firing), not by a timer.
+    fn window_timers(&self, w: &TimeWindow, ctx: &mut KeyedContext<K>) -> TaskResult {
+        let passed = self.event_time() && w.max_timestamp() <= ctx.current_watermark();
+        let timed = self.spec.trigger.count.is_none();
+        if timed && !passed {
+            self.register(ctx, w.max_timestamp())?;
+        }
+        let cleanup = w.max_timestamp().saturating_add(self.lateness());
+        if cleanup != w.max_timestamp() || !timed || passed {
+            self.register(ctx, cleanup)?;
+        }
+        Ok(())
+    }
+
+    fn emit(
+        &self,
+        ctx: &KeyedContext<K>,
+        w: TimeWindow,
+        acc: &A::Acc,
+        out: &mut Collector<WindowOutput<O, T>>,
+    ) -> TaskResult {
+        let key = ctx
+            .current_key()
+            .ok_or_else(|| TaskError::msg("a window fired without a key"))?;
+        let mut results = Vec::new();
+        self.process.process(
+            key,
+            w,
+            self.agg.result(acc),
+            &mut Collector::new(&mut results),
+        );
+        for r in results {
+            out.collect(WindowOutput::Result(r));
+        }
+        Ok(())
+    }
+
+    fn slots(&self) -> TaskResult<&ValueState<Slots<A::Acc>>> {
+        self.slots
+            .as_ref()
+            .ok_or_else(|| TaskError::msg("window state not opened"))
+    }
+
+    fn sessions(&self) -> TaskResult<&ValueState<Sessions<A::Acc>>> {
+        self.sessions
+            .as_ref()
+            .ok_or_else(|| TaskError::msg("window state not opened"))
+    }
+
+    /// The accumulator of window `w` from the key's slots (panes merged), if it has any.
+    fn window_acc(
+        &self,
+        g: &Aligned,
+        slots: &BTreeMap<i64, Slot<A::Acc>>,
+        w: &TimeWindow,
+    ) -> Option<A::Acc> {
+        match g.pane {
+            None => slots.get(&w.start).map(|s| s.acc.clone()),
+            Some(_) => {
+                let mut merged: Option<A::Acc> = None;
+                for (_, s) in slots.range(w.start..w.end) {
+                    match &mut merged {
+                        Some(m) => self.agg.merge(m, &s.acc),
+                        None => merged = Some(s.acc.clone()),
+                    }
+                }
+                merged
+            }
+        }
+    }
+
+    fn on_aligned_record(
+        &mut self,
+        g: Aligned,
+        ts: i64,
+        value: T,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<WindowOutput<O, T>>,
+    ) -> TaskResult {
+        let live: Vec<TimeWindow> = g.windows_of(ts).filter(|w| !self.is_late(w, ctx)).collect();
+        if live.is_empty() {
+            if self.spec.late_output {
+                out.collect(WindowOutput::Late(value));
+            }
+            return Ok(());
+        }
+        let state = self.slots()?.clone();
+        let mut slots = state.value(ctx)?.cloned().unwrap_or_default();
+        match g.pane {
+            Some(pane) => {
+                let start = g.floor(ts, pane);
+                if !slots.contains_key(&start) {
+                    // A new pane: the timers of every window over it.
+                    for w in &live {
+                        self.window_timers(w, ctx)?;
+                    }
+                }
+                let slot = slots.entry(start).or_insert_with(|| Slot {
+                    acc: self.agg.create(),
+                    count: 0,
+                });
+                self.agg.add(&mut slot.acc, value);
+            }
+            None => {
+                for w in &live {
+                    if !slots.contains_key(&w.start) {
+                        self.window_timers(w, ctx)?;
+                    }
+                    let slot = slots.entry(w.start).or_insert_with(|| Slot {
+                        acc: self.agg.create(),
+                        count: 0,
+                    });
+                    self.agg.add(&mut slot.acc, value.clone());
+                    slot.count += 1;
+                    if self.spec.trigger.count.is_some_and(|n| slot.count >= n) {
+                        slot.count = 0;
+                        let acc = slot.acc.clone();
+                        if self.spec.trigger.purge {
+                            slot.acc = self.agg.create();
+                        }
+                        self.emit(ctx, *w, &acc, out)?;
+                    }
+                }
+            }
+        }
+        // Late firing: a window the watermark passed already, but within the lateness.
+        if self.event_time() && self.spec.trigger.count.is_none() {
+            for w in live
+                .iter()
+                .filter(|w| w.max_timestamp() <= ctx.current_watermark())
+            {
+                if let Some(acc) = self.window_acc(&g, &slots, w) {
+                    self.emit(ctx, *w, &acc, out)?;
+                }
+                if self.spec.trigger.purge {
+                    Self::drop_window(&g, &mut slots, w);
+                }
+            }
+        }
+        state.update(ctx, slots)
+    }
+
+    /// Removes the slots only window `w` (and earlier ones) needed.
+    fn drop_window(g: &Aligned, slots: &mut BTreeMap<i64, Slot<A::Acc>>, w: &TimeWindow) {
+        match g.pane {
+            None => {
+                slots.remove(&w.start);
+            }
+            Some(_) => {
+                // Panes before the next window's start belong to no later window.
+                let keep = slots.split_off(&(w.start + g.slide));
+                *slots = keep;
+            }
+        }
+    }
+
+    fn on_aligned_timer(
+        &mut self,
+        g: Aligned,
+        time: i64,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<WindowOutput<O, T>>,
+    ) -> TaskResult {
+        let state = self.slots()?.clone();
+        let Some(mut slots) = state.value(ctx)?.cloned() else {
+            return Ok(());
+        };
+        let lateness = self.lateness();
+        let fire_end = time + 1;
+        if self.spec.trigger.count.is_none() && g.is_window_end(fire_end) {
+            let w = TimeWindow {
+                start: fire_end - g.size,
+                end: fire_end,
+            };
+            if let Some(acc) = self.window_acc(&g, &slots, &w) {
+                self.emit(ctx, w, &acc, out)?;
+            }
+            if self.spec.trigger.purge {
+                // Purged contents are not fired again; later late records start afresh.
+                Self::drop_window(&g, &mut slots, &w);
+            } else if lateness == 0 {
+                Self::drop_window(&g, &mut slots, &w);
+            }
+        }
+        let cleanup_end = time.saturating_sub(lateness) + 1;
+        if (lateness > 0 || self.spec.trigger.count.is_some()) && g.is_window_end(cleanup_end) {
+            let w = TimeWindow {
+                start: cleanup_end - g.size,
+                end: cleanup_end,
+            };
+            Self::drop_window(&g, &mut slots, &w);
+        }
+        if slots.is_empty() {
+            state.clear(ctx)
+        } else {
+            state.update(ctx, slots)
+        }
+    }
+
+    fn on_session_record(
+        &mut self,
+        gap: i64,
+        ts: i64,
+        value: T,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<WindowOutput<O, T>>,
+    ) -> TaskResult {
+        let state = self.sessions()?.clone();
+        let mut sessions = state.value(ctx)?.cloned().unwrap_or_default();
+        let mut merged = TimeWindow {
+            start: ts,
+            end: ts.saturating_add(gap),
+        };
+        let mut acc = self.agg.create();
+        let mut count = 0;
+        let mut kept = Vec::with_capacity(sessions.len() + 1);
+        let mut absorbed = Vec::new();
+        for (w, slot) in sessions.drain(..) {
+            if w.intersects(&merged) {
+                merged = merged.cover(&w);
+                absorbed.push(w);
+                self.agg.merge(&mut acc, &slot.acc);
+                count += slot.count;
+            } else {
+                kept.push((w, slot));
+            }
+        }
+        // A session still in state is not late, so the merge is late only when it absorbed
+        // nothing: the record alone would open a window that was dropped already.
+        if absorbed.is_empty() && self.is_late(&merged, ctx) {
+            if self.spec.late_output {
+                out.collect(WindowOutput::Late(value));
+            }
+            return Ok(());
+        }
+        for w in &absorbed {
+            if self.spec.trigger.count.is_none() {
+                self.delete(ctx, w.max_timestamp())?;
+            }
+            let cleanup = w.max_timestamp().saturating_add(self.lateness());
+            self.delete(ctx, cleanup)?;
+        }
+        self.agg.add(&mut acc, value);
+        count += 1;
+        self.window_timers(&merged, ctx)?;
+        let mut slot = Slot { acc, count };
+        let mut fired = false;
+        if self.spec.trigger.count.is_some_and(|n| slot.count >= n) {
+            slot.count = 0;
+            self.emit(ctx, merged, &slot.acc, out)?;
+            fired = true;
+        } else if self.event_time()
+            && self.spec.trigger.count.is_none()
+            && merged.max_timestamp() <= ctx.current_watermark()
+        {
+            self.emit(ctx, merged, &slot.acc, out)?;
+            fired = true;
+        }
+        if fired && self.spec.trigger.purge {
+            slot.acc = self.agg.create();
+        }
+        kept.push((merged, slot));
+        kept.sort_by_key(|(w, _)| *w);
+        state.update(ctx, kept)
+    }
+
+    fn on_session_timer(
+        &mut self,
+        time: i64,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<WindowOutput<O, T>>,
+    ) -> TaskResult {
+        let state = self.sessions()?.clone();
+        let Some(mut sessions) = state.value(ctx)?.cloned() else {
+            return Ok(());
+        };
+        let lateness = self.lateness();
+        let time_trigger = self.spec.trigger.count.is_none();
+        let mut kept = Vec::with_capacity(sessions.len());
+        for (w, mut slot) in sessions.drain(..) {
+            if time_trigger && w.max_timestamp() == time {
+                self.emit(ctx, w, &slot.acc, out)?;
+                if self.spec.trigger.purge {
+                    slot.acc = self.agg.create();
+                }
+            }
+            if w.max_timestamp().saturating_add(lateness) <= time {
+                continue;
+            }
+            kept.push((w, slot));
+        }
+        if kept.is_empty() {
+            state.clear(ctx)
+        } else {
+            state.update(ctx, kept)
+        }
+    }
+}
+
+impl<K, T, R, O, A, P> KeyedProcessFunction<K, T, WindowOutput<O, T>>
+    for WindowFunction<K, T, R, O, A, P>
+where
+    K: Key,
+    T: StateValue + Serialize + DeserializeOwned,
+    R: 'static,
+    O: Send + 'static,
+    A: AggregateFunction<T, R>,
+    P: ProcessWindowFunction<K, R, O>,
+{
+    fn open(&mut self, ctx: &mut KeyedContext<K>) -> TaskResult {
+        match self.spec.assigner.shape {
+            Shape::Aligned { .. } => self.slots = Some(ctx.value_state("window-slots")?),
+            Shape::Session { .. } => self.sessions = Some(ctx.value_state("window-sessions")?),
+        }
+        Ok(())
+    }
+
+    fn process(
+        &mut self,
+        value: T,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<WindowOutput<O, T>>,
+    ) -> TaskResult {
+        let ts = match self.spec.assigner.domain {
+            TimeDomain::EventTime => ctx.timestamp().ok_or_else(|| {
+                TaskError::Unrecoverable(
+                    "an event-time window on a stream without timestamps: assign them at the source (source_with_watermarks) or with assign_timestamps_and_watermarks / with_timestamps".into(),
+                )
+            })?,
+            TimeDomain::ProcessingTime => ctx.current_processing_time(),
+        };
+        match (self.aligned(), self.spec.assigner.shape) {
+            (Some(g), _) => self.on_aligned_record(g, ts, value, ctx, out),
+            (None, Shape::Session { gap }) => self.on_session_record(gap, ts, value, ctx, out),
+            (None, _) => Ok(()),
+        }
+    }
+
+    fn on_timer(
+        &mut self,
+        time: i64,
+        domain: TimeDomain,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<WindowOutput<O, T>>,
+    ) -> TaskResult {
+        if domain != self.spec.assigner.domain {
+            return Ok(());
+        }
+        match self.aligned() {
+            Some(g) => self.on_aligned_timer(g, time, ctx, out),
+            None => self.on_session_timer(time, ctx, out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aligned(size: i64, slide: i64) -> Aligned {
+        Aligned {
+            size,
+            slide,
+            offset: 0,
+            pane: Some(gcd(size, slide)),
+        }
+    }
+
+    #[test]
+    fn sliding_windows_of_a_timestamp() {
+        let g = aligned(10, 2);
+        let ws: Vec<_> = g.windows_of(7).map(|w| (w.start, w.end)).collect();
+        assert_eq!(ws, vec![(6, 16), (4, 14), (2, 12), (0, 10), (-2, 8)]);
+        assert!(g.is_window_end(10) && g.is_window_end(12) && !g.is_window_end(11));
+        let t = aligned(5, 5);
+        let ws: Vec<_> = t.windows_of(-1).map(|w| (w.start, w.end)).collect();
+        assert_eq!(ws, vec![(-5, 0)]);
+    }
+
+    #[test]
+    fn offsets_shift_windows() {
+        let g = Aligned {
+            size: 10,
+            slide: 10,
+            offset: 3,
+            pane: Some(10),
+        };
+        let ws: Vec<_> = g.windows_of(12).map(|w| (w.start, w.end)).collect();
+        assert_eq!(ws, vec![(3, 13)]);
+        assert!(g.is_window_end(13));
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        assert!(
+            WindowAssigner::sliding(Duration::from_secs(1), Duration::from_secs(2))
+                .validate()
+                .is_err()
+        );
+        assert!(WindowAssigner::tumbling(Duration::ZERO).validate().is_err());
+        assert!(WindowAssigner::session(Duration::ZERO).validate().is_err());
+        assert!(WindowAssigner::tumbling(Duration::from_secs(1))
+            .validate()
+            .is_ok());
+    }
+}

@@ -1,0 +1,438 @@
+//! Event time, timers and windows run for real by the embedded runtime, each checked against a
+//! reference computed here from the same records.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn::api::{
+    AggregateFunction, Collector, KeyedProcessFunction, StreamEnv, TimeWindow, WatermarkStrategy,
+    WindowAssigner,
+};
+use cairn::config::JobConfig;
+use cairn::connectors::SequenceSource;
+use cairn::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkWriter};
+use cairn::runtime::{run_job, RunOptions};
+use cairn::state::{KeyedContext, TimeDomain, ValueState};
+use cairn::window::Trigger;
+use cairn::TaskResult;
+
+/// Collects every record written (runs without checkpoints: nothing to commit).
+#[derive(Clone)]
+struct Collect<T>(Arc<Mutex<Vec<T>>>);
+
+struct CollectWriter<T>(Arc<Mutex<Vec<T>>>);
+
+impl<T: Send + 'static> Sink<T> for Collect<T> {
+    fn guarantee(&self) -> SinkGuarantee {
+        SinkGuarantee::None
+    }
+    fn create_writer(&self, _ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<T>>> {
+        Ok(Box::new(CollectWriter(self.0.clone())))
+    }
+}
+
+impl<T: Send> SinkWriter<T> for CollectWriter<T> {
+    fn write(&mut self, batch: &mut Vec<T>) -> TaskResult {
+        self.0.lock().unwrap().append(batch);
+        Ok(())
+    }
+    fn pre_commit(&mut self, _: u64) -> TaskResult<Vec<Vec<u8>>> {
+        Ok(Vec::new())
+    }
+    fn commit(&mut self, _: u64) -> TaskResult {
+        Ok(())
+    }
+    fn finish(&mut self) -> TaskResult {
+        Ok(())
+    }
+}
+
+/// A record: key, event time (ms), value.
+type Rec = (u64, i64, u64);
+
+const KEYS: u64 = 7;
+
+/// Record i: key i mod 7, time 3i ms, value i. Monotonous within each split.
+fn rec(i: u64) -> Rec {
+    (i % KEYS, 3 * i as i64, i)
+}
+
+fn run<T: Send + Clone + Ord + std::fmt::Debug + 'static>(
+    build: impl FnOnce(&StreamEnv, Collect<T>),
+    parallelism: u32,
+) -> Vec<T> {
+    let env = StreamEnv::new();
+    let out = Collect(Arc::new(Mutex::new(Vec::new())));
+    build(&env, out.clone());
+    let graph = env.build("windows").unwrap();
+    let config = JobConfig {
+        parallelism,
+        auto_watermark_interval: Duration::from_millis(1),
+        ..JobConfig::default()
+    };
+    run_job(
+        &graph,
+        RunOptions {
+            config,
+            ..RunOptions::default()
+        },
+    )
+    .unwrap();
+    let mut v = out.0.lock().unwrap().clone();
+    v.sort();
+    v
+}
+
+fn source(env: &StreamEnv, n: u64, make: fn(u64) -> Rec) -> cairn::api::DataStream<Rec> {
+    env.source_with_watermarks(
+        SequenceSource::new(n, 0, make),
+        WatermarkStrategy::monotonous(|r: &Rec| r.1),
+    )
+    .uid("source")
+}
+
+#[derive(Clone)]
+struct SumCount;
+
+impl AggregateFunction<Rec, (u64, u64)> for SumCount {
+    type Acc = (u64, u64);
+    fn create(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    fn add(&self, acc: &mut (u64, u64), r: Rec) {
+        acc.0 += r.2;
+        acc.1 += 1;
+    }
+    fn merge(&self, acc: &mut (u64, u64), o: &(u64, u64)) {
+        acc.0 += o.0;
+        acc.1 += o.1;
+    }
+    fn result(&self, acc: &(u64, u64)) -> (u64, u64) {
+        *acc
+    }
+}
+
+/// (key, window start, window end, sum, count)
+type Row = (u64, i64, i64, u64, u64);
+
+fn with_window(k: &u64, w: TimeWindow, r: (u64, u64), out: &mut Collector<Row>) {
+    out.collect((*k, w.start, w.end, r.0, r.1));
+}
+
+/// The reference: every aligned window of `size`/`slide` per key.
+fn aligned_reference(records: &[Rec], size: i64, slide: i64) -> Vec<Row> {
+    let mut m: BTreeMap<(u64, i64), (u64, u64)> = BTreeMap::new();
+    for r in records {
+        let last = r.1 - r.1.rem_euclid(slide);
+        let mut start = last;
+        while start > r.1 - size {
+            let e = m.entry((r.0, start)).or_default();
+            e.0 += r.2;
+            e.1 += 1;
+            start -= slide;
+        }
+    }
+    let mut v: Vec<Row> = m
+        .into_iter()
+        .map(|((k, s), (sum, n))| (k, s, s + size, sum, n))
+        .collect();
+    v.sort();
+    v
+}
+
+const N: u64 = 20_000;
+
+#[test]
+fn tumbling_event_time_windows_match_the_reference() {
+    let got = run(
+        |env, out| {
+            source(env, N, rec)
+                .key_by(|r: &Rec| r.0)
+                .window(WindowAssigner::tumbling(Duration::from_millis(100)))
+                .aggregate_process(SumCount, with_window)
+                .uid("window")
+                .sink(out)
+                .uid("sink");
+        },
+        2,
+    );
+    let records: Vec<Rec> = (0..N).map(rec).collect();
+    assert_eq!(got, aligned_reference(&records, 100, 100));
+}
+
+#[test]
+fn sliding_windows_share_panes_and_match_the_reference() {
+    for p in [1, 3] {
+        let got = run(
+            |env, out| {
+                source(env, N, rec)
+                    .key_by(|r: &Rec| r.0)
+                    .window(WindowAssigner::sliding(
+                        Duration::from_millis(100),
+                        Duration::from_millis(40),
+                    ))
+                    .aggregate_process(SumCount, with_window)
+                    .uid("window")
+                    .sink(out)
+                    .uid("sink");
+            },
+            p,
+        );
+        let records: Vec<Rec> = (0..N).map(rec).collect();
+        assert_eq!(got, aligned_reference(&records, 100, 40), "parallelism {p}");
+    }
+}
+
+#[test]
+fn full_window_process_and_reduce_agree_with_the_aggregate() {
+    let all = run(
+        |env, out| {
+            source(env, N, rec)
+                .key_by(|r: &Rec| r.0)
+                .window(WindowAssigner::tumbling(Duration::from_millis(250)))
+                .process(
+                    |k: &u64, w: TimeWindow, v: Vec<Rec>, out: &mut Collector<Row>| {
+                        let sum = v.iter().map(|r| r.2).sum();
+                        out.collect((*k, w.start, w.end, sum, v.len() as u64));
+                    },
+                )
+                .uid("window")
+                .sink(out)
+                .uid("sink");
+        },
+        2,
+    );
+    let records: Vec<Rec> = (0..N).map(rec).collect();
+    assert_eq!(all, aligned_reference(&records, 250, 250));
+    let reduced = run(
+        |env, out| {
+            source(env, N, rec)
+                .key_by(|r: &Rec| r.0)
+                .window(WindowAssigner::tumbling(Duration::from_millis(250)))
+                .reduce(|a: &Rec, b: &Rec| (a.0, a.1.max(b.1), a.2 + b.2))
+                .uid("window")
+                .map(|r: Rec| (r.0, r.2))
+                .sink(out)
+                .uid("sink");
+        },
+        2,
+    );
+    let expected: Vec<(u64, u64)> = {
+        let mut v: Vec<_> = aligned_reference(&records, 250, 250)
+            .into_iter()
+            .map(|r| (r.0, r.3))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(reduced, expected);
+}
+
+/// Record i of key i mod 7: bursts of 30 records 10 ms apart, then a pause of 500 ms.
+fn bursty(i: u64) -> Rec {
+    let burst = i / 30;
+    (
+        i % KEYS,
+        burst as i64 * (30 * 10 + 500) + (i % 30) as i64 * 10,
+        1,
+    )
+}
+
+#[test]
+fn session_windows_merge_and_match_the_reference() {
+    let n = 3_000;
+    let got = run(
+        |env, out| {
+            source(env, n, bursty)
+                .key_by(|r: &Rec| r.0)
+                .window(WindowAssigner::session(Duration::from_millis(100)))
+                .aggregate_process(SumCount, with_window)
+                .uid("window")
+                .sink(out)
+                .uid("sink");
+        },
+        2,
+    );
+    // Reference: per key, sort times and cut where the gap reaches 100 ms.
+    let mut per_key: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    for r in (0..n).map(bursty) {
+        per_key.entry(r.0).or_default().push(r.1);
+    }
+    let mut expected = Vec::new();
+    for (k, mut ts) in per_key {
+        ts.sort();
+        let (mut start, mut last, mut count) = (ts[0], ts[0], 0u64);
+        for &t in &ts {
+            if t >= last + 100 {
+                expected.push((k, start, last + 100, count, count));
+                start = t;
+                count = 0;
+            }
+            last = t;
+            count += 1;
+        }
+        expected.push((k, start, last + 100, count, count));
+    }
+    expected.sort();
+    assert_eq!(got, expected);
+    assert!(expected.len() > KEYS as usize * 10, "sessions were cut");
+}
+
+#[test]
+fn count_triggers_fire_every_n_records_and_purging_clears() {
+    let got = run(
+        |env, out| {
+            source(env, 700, |i| (i % KEYS, 0, 1))
+                .key_by(|r: &Rec| r.0)
+                .window(WindowAssigner::tumbling(Duration::from_secs(3600)))
+                .trigger(Trigger::purging(Trigger::count(30)))
+                .aggregate_process(SumCount, with_window)
+                .uid("window")
+                .map(|r: Row| r.4)
+                .sink(out)
+                .uid("sink");
+        },
+        1,
+    );
+    // 100 records per key: three firings of 30 each; the last 10 never fire.
+    assert_eq!(got, vec![30; 3 * KEYS as usize]);
+}
+
+/// One record per ms of event time; every 1000th record (after the first 5000) is stamped at
+/// time 0: its window was dropped long before it arrives.
+fn with_stragglers(i: u64) -> Rec {
+    let late = i >= 5_000 && i % 1_000 == 0;
+    (i % KEYS, if late { 0 } else { i as i64 }, i)
+}
+
+#[test]
+fn late_records_go_to_the_side_output_and_windows_fire_once() {
+    let late_out = Collect(Arc::new(Mutex::new(Vec::new())));
+    let late2 = late_out.clone();
+    let got = run(
+        move |env, out| {
+            let (results, late) = env
+                .source_with_watermarks(
+                    // Throttled, so watermarks go out while it runs.
+                    SequenceSource::new(10_000, 10_000, with_stragglers),
+                    WatermarkStrategy::monotonous(|r: &Rec| r.1),
+                )
+                .uid("source")
+                .key_by(|r: &Rec| r.0)
+                .window(WindowAssigner::tumbling(Duration::from_millis(100)))
+                .allowed_lateness(Duration::from_millis(10))
+                .aggregate_process_with_late(SumCount, with_window);
+            results.uid("window").sink(out).uid("sink");
+            late.sink(late2).uid("late-sink");
+        },
+        1,
+    );
+    let mut late: Vec<Rec> = late_out.0.lock().unwrap().clone();
+    late.sort();
+    let mut expected_late: Vec<Rec> = (5..10).map(|k| with_stragglers(k * 1_000)).collect();
+    expected_late.sort();
+    assert_eq!(
+        late, expected_late,
+        "the stragglers, and only them, are late"
+    );
+    // Every window fired once with all of its on-time records.
+    let on_time: Vec<Rec> = (0..10_000)
+        .map(with_stragglers)
+        .filter(|r| !(r.1 == 0 && r.2 >= 5_000))
+        .collect();
+    assert_eq!(got, aligned_reference(&on_time, 100, 100));
+}
+
+/// Counts a key's records per second of event time and emits the count when the event-time
+/// timer at the end of that second fires (registered for every record: deduplicated).
+#[derive(Clone, Default)]
+struct CountUntilTimer {
+    count: Option<ValueState<BTreeMap<i64, u64>>>,
+}
+
+impl KeyedProcessFunction<u64, Rec, (u64, i64, u64)> for CountUntilTimer {
+    fn open(&mut self, ctx: &mut KeyedContext<u64>) -> TaskResult {
+        self.count = Some(ctx.value_state("count")?);
+        Ok(())
+    }
+    fn process(
+        &mut self,
+        _r: Rec,
+        ctx: &mut KeyedContext<u64>,
+        _out: &mut Collector<(u64, i64, u64)>,
+    ) -> TaskResult {
+        let state = self.count.clone().unwrap();
+        let ts = ctx.timestamp().expect("timestamps");
+        let end = ts - ts.rem_euclid(1000) + 999;
+        *state.get_mut(ctx, BTreeMap::new)?.entry(end).or_default() += 1;
+        ctx.register_event_time_timer(end)?;
+        Ok(())
+    }
+    fn on_timer(
+        &mut self,
+        time: i64,
+        domain: TimeDomain,
+        ctx: &mut KeyedContext<u64>,
+        out: &mut Collector<(u64, i64, u64)>,
+    ) -> TaskResult {
+        assert_eq!(domain, TimeDomain::EventTime);
+        let state = self.count.clone().unwrap();
+        let key = *ctx.current_key().unwrap();
+        let n = state.get_mut(ctx, BTreeMap::new)?.remove(&time);
+        out.collect((
+            key,
+            time,
+            n.expect("a timer fires once, for a second that had records"),
+        ));
+        Ok(())
+    }
+}
+
+#[test]
+fn event_time_timers_fire_once_per_key_and_time_with_the_key_in_scope() {
+    let got = run(
+        |env, out| {
+            source(env, N, rec)
+                .key_by(|r: &Rec| r.0)
+                .process(CountUntilTimer::default())
+                .uid("timers")
+                .sink(out)
+                .uid("sink");
+        },
+        2,
+    );
+    let records: Vec<Rec> = (0..N).map(rec).collect();
+    let expected: Vec<(u64, i64, u64)> = aligned_reference(&records, 1000, 1000)
+        .into_iter()
+        .map(|r| (r.0, r.2 - 1, r.4))
+        .collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn window_all_sees_every_record() {
+    let got = run(
+        |env, out| {
+            source(env, N, rec)
+                .window_all(WindowAssigner::tumbling(Duration::from_millis(1000)))
+                .aggregate_process(
+                    SumCount,
+                    |_: &u8, w: TimeWindow, r: (u64, u64), out: &mut Collector<Row>| {
+                        out.collect((0, w.start, w.end, r.0, r.1))
+                    },
+                )
+                .uid("window")
+                .map(|r: Row| (r.1, r.3, r.4))
+                .sink(out)
+                .uid("sink");
+        },
+        3,
+    );
+    let records: Vec<Rec> = (0..N).map(|i| (0, rec(i).1, rec(i).2)).collect();
+    let expected: Vec<(i64, u64, u64)> = aligned_reference(&records, 1000, 1000)
+        .into_iter()
+        .map(|r| (r.1, r.3, r.4))
+        .collect();
+    assert_eq!(got, expected);
+}
