@@ -381,10 +381,11 @@ fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// The newest person at event `n` (0-based; the current one if `n` is a person).
+/// The newest person at event `n` (0-based; the current one if `n` is a person): with one
+/// person per `TOTAL_PROPORTION` events, the person of `n`'s group.
 fn last_person(n: u64) -> u64 {
-    let offset = (n % TOTAL_PROPORTION).min(PERSON_PROPORTION - 1);
-    n / TOTAL_PROPORTION * PERSON_PROPORTION + offset
+    const _: () = assert!(PERSON_PROPORTION == 1);
+    n / TOTAL_PROPORTION
 }
 
 /// The newest auction at event `n` (0-based; the current one if `n` is an auction). Only
