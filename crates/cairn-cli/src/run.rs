@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use cairn::api::JobGraph;
 use cairn::cluster::{BuiltJob, JobFactory};
 use cairn::config::{keys, JobConfig};
+use cairn::jobs::nexmark::{self, NexmarkArgs};
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::jobs::{backpressure, pipelines};
 use cairn::runtime::{
@@ -21,11 +22,11 @@ use clap::{Args, Parser};
 use crate::human;
 
 /// Built-in jobs.
-const JOBS: &[&str] = &["wordcount", "backpressure", "pipelines"];
+const JOBS: &[&str] = &["wordcount", "backpressure", "pipelines", "nexmark"];
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The built-in job to run: wordcount.
+    /// The built-in job to run: wordcount, backpressure, pipelines or nexmark.
     job: String,
     /// Input text file (whitespace-separated words).
     #[arg(long, value_name = "FILE", conflicts_with = "generate")]
@@ -36,9 +37,17 @@ pub struct RunArgs {
     /// Number of distinct generated words (K).
     #[arg(long, value_name = "K", requires = "generate")]
     keys: Option<u64>,
-    /// wordcount: generate at most N words per second (0: as fast as possible).
-    #[arg(long, value_name = "N", default_value_t = 0, requires = "generate")]
-    rate: u64,
+    /// wordcount --generate: at most N words per second (0: as fast as possible) [default: 0].
+    /// nexmark: N events per second of event time (their timestamps are 1/N s apart; they are
+    /// emitted as fast as possible) [default: 10000].
+    #[arg(long, value_name = "N")]
+    rate: Option<u64>,
+    /// nexmark: the query to run (q0, q1, q2, q3).
+    #[arg(long, value_name = "QUERY")]
+    query: Option<String>,
+    /// nexmark: generate N events (persons, auctions and bids, 1:3:46).
+    #[arg(long, value_name = "N")]
+    events: Option<u64>,
     /// backpressure: records per second the throttled sink accepts.
     #[arg(long, value_name = "N", default_value_t = 100_000)]
     sink_rate: u64,
@@ -84,7 +93,7 @@ pub struct RunArgs {
     /// Inject failures only into tasks whose head operator uid starts with this.
     #[arg(long, value_name = "UID_PREFIX", requires = "inject_failures")]
     inject_uid: Option<String>,
-    /// Seed for --inject-failures.
+    /// Seed of --inject-failures, and of the events of nexmark.
     #[arg(long, value_name = "S", default_value_t = 0)]
     seed: u64,
     /// Write the run's summary as JSON to this file (for scripts and benchmarks).
@@ -284,9 +293,46 @@ fn summary_json(s: &JobSummary) -> serde_json::Value {
     })
 }
 
+/// What a built-in job reads.
+pub enum JobInput {
+    /// wordcount, backpressure, pipelines.
+    Words(WordInput),
+    /// nexmark's generated events.
+    Nexmark(NexmarkArgs),
+}
+
+/// nexmark's flags.
+fn nexmark_args(args: &RunArgs) -> Result<NexmarkArgs> {
+    if args.input.is_some() || args.generate.is_some() {
+        bail!("nexmark generates its events: use --events N, not --input or --generate");
+    }
+    let Some(query) = &args.query else {
+        bail!(
+            "nexmark needs --query QUERY; available queries: {}",
+            nexmark::QUERIES.join(", ")
+        );
+    };
+    let Some(events) = args.events else {
+        bail!("nexmark needs --events N");
+    };
+    if events == 0 {
+        bail!("--events must be at least 1");
+    }
+    let rate = args.rate.unwrap_or(cairn::connectors::DEFAULT_RATE);
+    if rate == 0 {
+        bail!("--rate must be at least 1 event per second for nexmark");
+    }
+    Ok(NexmarkArgs {
+        query: query.clone(),
+        events,
+        seed: args.seed,
+        rate,
+    })
+}
+
 /// Builds a built-in job's graph and configuration from its flags (also used by cluster
 /// processes, which rebuild the job from the flags it was submitted with).
-pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
+pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
     if !JOBS.contains(&args.job.as_str()) {
         bail!(
             "unknown job '{}'; built-in jobs: {}",
@@ -295,6 +341,22 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
         );
     }
     let config = build_config(args)?;
+    let output = match (&args.output, args.discard) {
+        (Some(dir), false) => WordOutput::Dir(dir.clone()),
+        (None, true) => WordOutput::Discard,
+        _ => WordOutput::Print,
+    };
+    if args.job == "nexmark" {
+        let nexmark = nexmark_args(args)?;
+        let graph = nexmark::build(&nexmark, &output).map_err(|e| anyhow!(e))?;
+        return Ok((graph, config, JobInput::Nexmark(nexmark)));
+    }
+    if args.query.is_some() || args.events.is_some() {
+        bail!("--query and --events are flags of the nexmark job");
+    }
+    if args.rate.is_some() && args.generate.is_none() {
+        bail!("--rate needs --generate N");
+    }
     let input = match (&args.input, args.generate) {
         (Some(path), None) => {
             std::fs::metadata(path)
@@ -309,15 +371,10 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
             WordInput::Generate {
                 count,
                 keys,
-                rate: args.rate,
+                rate: args.rate.unwrap_or(0),
             }
         }
         _ => bail!("wordcount needs --input FILE or --generate N"),
-    };
-    let output = match (&args.output, args.discard) {
-        (Some(dir), false) => WordOutput::Dir(dir.clone()),
-        (None, true) => WordOutput::Discard,
-        _ => WordOutput::Print,
     };
     let graph = match (args.job.as_str(), &input) {
         ("backpressure", WordInput::Generate { count, keys, .. }) => {
@@ -337,7 +394,7 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, WordInput)> {
         _ => wordcount::build(&input, &output),
     }
     .map_err(|e| anyhow!(e))?;
-    Ok((graph, config, input))
+    Ok((graph, config, JobInput::Words(input)))
 }
 
 /// `cairn run`'s flags on their own, to parse a submitted job's flags.
@@ -379,7 +436,15 @@ impl JobFactory for BuiltinJobs {
     }
 }
 
-fn expected_records(args: &RunArgs, input: &WordInput) -> Result<u64> {
+/// The records all sources of the job read in a run without failures (failures are planned
+/// among them).
+fn expected_records(args: &RunArgs, input: &JobInput) -> Result<u64> {
+    let input = match input {
+        JobInput::Nexmark(nexmark) => {
+            return nexmark::source_records(nexmark).map_err(|e| anyhow!(e));
+        }
+        JobInput::Words(input) => input,
+    };
     Ok(match input {
         WordInput::Generate { count, .. } if args.job == "backpressure" => count + count / 10,
         WordInput::Generate { count, .. } if args.job == "pipelines" => count * 2,
@@ -525,4 +590,59 @@ fn start_rest(addr: &str, token: Option<String>, status: Arc<JobStatus>) -> Resu
         );
     }
     Ok(server)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn submitted(args: &[&str]) -> std::result::Result<BuiltJob, String> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        BuiltinJobs.build("nexmark", &args)
+    }
+
+    #[test]
+    fn a_submitted_nexmark_job_plans_failures_among_its_source_records() {
+        let built = submitted(&[
+            "--query",
+            "q3",
+            "--events",
+            "1000",
+            "--inject-failures",
+            "2",
+            "--seed",
+            "7",
+            "--discard",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(built.graph.name(), "nexmark-q3");
+        let inject = built
+            .inject
+            .unwrap_or_else(|| panic!("no failures planned"));
+        // q3 reads the 20 persons and 60 auctions of 1000 events.
+        assert_eq!(
+            (inject.count, inject.seed, inject.expected_records),
+            (2, 7, 80)
+        );
+        let built = submitted(&[
+            "--query",
+            "q0",
+            "--events",
+            "1000",
+            "--inject-failures",
+            "1",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(built.inject.map(|i| i.expected_records), Some(1000));
+    }
+
+    #[test]
+    fn a_submitted_nexmark_job_with_bad_flags_is_refused() {
+        let refused = |args: &[&str]| submitted(args).err().unwrap_or_default();
+        assert_eq!(
+            refused(&["--query", "q9", "--events", "5"]),
+            "nexmark query 'q9' is not available yet; available queries: q0, q1, q2, q3"
+        );
+        assert_eq!(refused(&["--query", "q1"]), "nexmark needs --events N");
+    }
 }

@@ -7,6 +7,7 @@
 mod file_sink;
 mod file_source;
 mod generator;
+mod nexmark;
 mod sequence;
 mod simple_sinks;
 mod throttled;
@@ -14,6 +15,10 @@ mod throttled;
 pub use file_sink::FileSink;
 pub use file_source::FileSource;
 pub use generator::{GeneratorSource, Word};
+pub use nexmark::{
+    Auction, Bid, EventKind, NexmarkEvent, NexmarkGenerator, NexmarkSource, Person, BASE_TIME_MS,
+    DEFAULT_RATE,
+};
 pub use sequence::SequenceSource;
 pub use simple_sinks::{DiscardSink, PrintSink};
 pub use throttled::ThrottledSink;

@@ -1,5 +1,6 @@
 //! Built-in jobs, shipped in the `cairn` binary and buildable by name in every process.
 
 pub mod backpressure;
+pub mod nexmark;
 pub mod pipelines;
 pub mod wordcount;

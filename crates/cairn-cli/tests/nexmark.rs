@@ -1,0 +1,258 @@
+//! The `nexmark` job end to end: for each query, the committed output of `cairn run nexmark`
+//! is the reference computed here from the generator (the same multiset of lines at every
+//! parallelism), also through injected failures; bad flags are one-line errors.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use cairn::connectors::{EventKind, NexmarkEvent, NexmarkGenerator};
+use cairn::jobs::nexmark::timestamp_text;
+use common::*;
+
+const EVENTS: u64 = 200_000;
+const SEED: u64 = 42;
+const RATE: u64 = 1_000;
+
+const RESTART_FAST: [&str; 6] = [
+    "-D",
+    "restart-strategy.type=fixed-delay",
+    "-D",
+    "restart-strategy.fixed-delay.attempts=1000",
+    "-D",
+    "restart-strategy.fixed-delay.delay=0ms",
+];
+
+/// The lines `query` must commit for events `0..events`, sorted.
+fn reference(query: &str, events: u64, seed: u64) -> Vec<String> {
+    let generator = NexmarkGenerator::new(seed, RATE);
+    let mut lines = Vec::new();
+    let of_kind = |kind| (0..events).filter(move |&n| EventKind::of(n) == kind);
+    match query {
+        "q0" | "q1" | "q2" => {
+            for n in of_kind(EventKind::Bid) {
+                let NexmarkEvent::Bid(b) = generator.event(n) else {
+                    panic!("event {n} is not a bid");
+                };
+                let time = timestamp_text(b.date_time);
+                lines.push(match query {
+                    "q0" => format!(
+                        "{}\t{}\t{}\t{}\t{}\t{time}\t{}",
+                        b.auction, b.bidder, b.price, b.channel, b.url, b.extra
+                    ),
+                    "q1" => format!(
+                        "{}\t{}\t{}.{:03}\t{time}\t{}",
+                        b.auction,
+                        b.bidder,
+                        b.price * 908 / 1000,
+                        b.price * 908 % 1000,
+                        b.extra
+                    ),
+                    _ if b.auction % 123 == 0 => format!("{}\t{}", b.auction, b.price),
+                    _ => continue,
+                });
+            }
+        }
+        "q3" => {
+            let mut sellers: HashMap<i64, Vec<String>> = HashMap::new();
+            for n in of_kind(EventKind::Person) {
+                let NexmarkEvent::Person(p) = generator.event(n) else {
+                    panic!("event {n} is not a person");
+                };
+                if ["OR", "ID", "CA"].contains(&p.state.as_str()) {
+                    let seller = format!("{}\t{}\t{}", p.name, p.city, p.state);
+                    sellers.entry(p.id).or_default().push(seller);
+                }
+            }
+            for n in of_kind(EventKind::Auction) {
+                let NexmarkEvent::Auction(a) = generator.event(n) else {
+                    panic!("event {n} is not an auction");
+                };
+                if a.category == 10 {
+                    for seller in sellers.get(&a.seller).into_iter().flatten() {
+                        lines.push(format!("{seller}\t{}", a.id));
+                    }
+                }
+            }
+        }
+        other => panic!("no reference for {other}"),
+    }
+    assert!(
+        !lines.is_empty(),
+        "{query} has no output: the test would prove nothing"
+    );
+    lines.sort_unstable();
+    lines
+}
+
+/// Every line of the committed files in `dir` (names not starting with '.' or '_'), sorted.
+fn committed(dir: &Path) -> Vec<String> {
+    let mut lines = Vec::new();
+    for e in std::fs::read_dir(dir).expect("output dir exists") {
+        let e = e.expect("dir entry");
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || name.starts_with('_') {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).expect("committed file is UTF-8");
+        lines.extend(text.lines().map(str::to_string));
+    }
+    lines.sort_unstable();
+    lines
+}
+
+/// `cairn run nexmark` of `events` events from `seed` (which also seeds --inject-failures).
+fn nexmark(query: &str, events: u64, seed: u64, parallelism: u32, out: &Path) -> Command {
+    let mut cmd = cairn();
+    cmd.args(["run", "nexmark", "--query", query])
+        .args(["--events", &events.to_string()])
+        .args(["--seed", &seed.to_string(), "--rate", &RATE.to_string()])
+        .args(["-p", &parallelism.to_string()])
+        .arg("--output")
+        .arg(out);
+    cmd
+}
+
+/// Runs `query` at parallelism 1, 2 and 3 and compares each committed output with the
+/// reference.
+fn matches_the_reference_at_every_parallelism(query: &str) {
+    let expected = reference(query, EVENTS, SEED);
+    for p in [1, 2, 3] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let run = run_ok(&mut nexmark(query, EVENTS, SEED, p, &out));
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            stderr.contains(&format!("nexmark-{query} finished")),
+            "{stderr}"
+        );
+        assert_no_leftovers(&out);
+        let got = committed(&out);
+        assert!(
+            got == expected,
+            "{query} at parallelism {p}: {} lines committed, {} expected; first difference: {:?}",
+            got.len(),
+            expected.len(),
+            got.iter().zip(&expected).find(|(g, e)| g != e)
+        );
+    }
+}
+
+#[test]
+fn q0_passes_every_bid_through_at_parallelism_1_2_3() {
+    matches_the_reference_at_every_parallelism("q0");
+}
+
+#[test]
+fn q1_converts_every_price_at_parallelism_1_2_3() {
+    matches_the_reference_at_every_parallelism("q1");
+}
+
+#[test]
+fn q2_selects_the_bids_of_every_123rd_auction_at_parallelism_1_2_3() {
+    matches_the_reference_at_every_parallelism("q2");
+}
+
+#[test]
+fn q3_joins_local_sellers_with_their_auctions_at_parallelism_1_2_3() {
+    matches_the_reference_at_every_parallelism("q3");
+}
+
+#[test]
+fn q3_with_injected_failures_commits_exactly_the_output_of_an_undisturbed_run() {
+    // Long enough for several checkpoints before, between and after the failures (q3's
+    // sources read the persons and auctions only: 8 % of the events).
+    let events = 12_000_000;
+    let mut restored = 0;
+    for (p, seed) in [(2, 1), (3, 6)] {
+        let expected = reference("q3", events, seed);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let run = run_ok(
+            nexmark("q3", events, seed, p, &out)
+                .arg("--checkpoint-dir")
+                .arg(tmp.path().join("ck"))
+                .args(["--checkpoint-interval", "50ms"])
+                .args(["--inject-failures", "3"])
+                .args(RESTART_FAST),
+        );
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            stderr.contains(", 3 restarts, 3/3 injected failures"),
+            "p={p} seed {seed}: {stderr}"
+        );
+        restored += stderr
+            .lines()
+            .filter(|l| l.contains("restoring regions") && l.contains(" from checkpoint "))
+            .count();
+        assert_no_leftovers(&out);
+        let got = committed(&out);
+        assert!(
+            got == expected,
+            "p={p} seed {seed}: {} lines committed, {} expected",
+            got.len(),
+            expected.len()
+        );
+    }
+    assert!(
+        restored > 0,
+        "no failure restored from a checkpoint: they all came before the first one"
+    );
+}
+
+/// Runs `cairn run nexmark ARGS`; asserts one `error:` line and exit code 1; returns it.
+fn refused(args: &[&str]) -> String {
+    let out = cairn().args(args).output().expect("cairn starts");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{args:?}: {stderr}");
+    lines[0].to_string()
+}
+
+#[test]
+fn bad_nexmark_flags_are_one_line_errors() {
+    let available = "available queries: q0, q1, q2, q3";
+    let e = refused(&["run", "nexmark", "--events", "10", "--discard"]);
+    assert!(
+        e.contains("nexmark needs --query") && e.contains(available),
+        "{e}"
+    );
+    let e = refused(&["run", "nexmark", "--query", "q42", "--events", "10"]);
+    assert_eq!(
+        e,
+        format!("error: unknown nexmark query 'q42'; {available}")
+    );
+    let e = refused(&["run", "nexmark", "--query", "q5", "--events", "10"]);
+    assert_eq!(
+        e,
+        format!("error: nexmark query 'q5' is not available yet; {available}")
+    );
+    let e = refused(&["run", "nexmark", "--query", "q0"]);
+    assert_eq!(e, "error: nexmark needs --events N");
+    let e = refused(&["run", "nexmark", "--query", "q0", "--events", "0"]);
+    assert_eq!(e, "error: --events must be at least 1");
+    let e = refused(&[
+        "run", "nexmark", "--query", "q0", "--events", "9", "--rate", "0",
+    ]);
+    assert_eq!(
+        e,
+        "error: --rate must be at least 1 event per second for nexmark"
+    );
+    for other in [["--input", "words.txt"], ["--generate", "100"]] {
+        let mut args = vec!["run", "nexmark", "--query", "q0", "--events", "10"];
+        args.extend(other);
+        let e = refused(&args);
+        assert!(e.contains("nexmark generates its events"), "{e}");
+    }
+    let e = refused(&["run", "wordcount", "--generate", "10", "--query", "q0"]);
+    assert_eq!(
+        e,
+        "error: --query and --events are flags of the nexmark job"
+    );
+    let e = refused(&["run", "wordcount", "--input", "words.txt", "--rate", "10"]);
+    assert_eq!(e, "error: --rate needs --generate N");
+}
