@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub fn cairn() -> Command {
     Command::new(env!("CARGO_BIN_EXE_cairn"))
@@ -370,4 +370,41 @@ impl Cluster {
             w.assert_running();
         }
     }
+}
+
+/// Runs `cmd` armed to stop at failpoint `point` from checkpoint `at` on, and kills it with
+/// SIGKILL there (while the thread at the failpoint is parked); returns the point and checkpoint
+/// it stopped at. The process's stderr goes to `log`.
+pub fn kill_at_failpoint(
+    mut cmd: Command,
+    point: &str,
+    at: u64,
+    marker: &Path,
+    log: &Path,
+) -> Result<(String, u64), String> {
+    let mut child = cmd
+        .env("CAIRN_FAILPOINTS", format!("{point}={at}"))
+        .env("CAIRN_FAILPOINT_MARKER", marker)
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let hit = loop {
+        if let Some(hit) = read_marker(marker) {
+            break Ok(hit);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break Err(format!(
+                "ended ({status}) before failpoint {point}={at}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+        if Instant::now() >= deadline {
+            break Err(format!("never reached failpoint {point}={at}"));
+        }
+        std::thread::park_timeout(Duration::from_millis(2));
+    };
+    let _ = child.kill();
+    child.wait().unwrap();
+    hit
 }

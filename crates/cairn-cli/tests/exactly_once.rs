@@ -6,7 +6,6 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -226,43 +225,6 @@ fn wordcount_run(parallelism: u32, out_dir: &Path, ck: &Path, extra: &[&str]) ->
         .args(extra)
         .stdout(Stdio::null());
     cmd
-}
-
-/// Runs `cmd` armed to stop at failpoint `point` from checkpoint `at` on, and kills it with
-/// SIGKILL there (while the thread at the failpoint is parked); returns the point and checkpoint
-/// it stopped at. The process's stderr goes to `log`.
-fn kill_at_failpoint(
-    mut cmd: Command,
-    point: &str,
-    at: u64,
-    marker: &Path,
-    log: &Path,
-) -> Result<(String, u64), String> {
-    let mut child = cmd
-        .env("CAIRN_FAILPOINTS", format!("{point}={at}"))
-        .env("CAIRN_FAILPOINT_MARKER", marker)
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let hit = loop {
-        if let Some(hit) = read_marker(marker) {
-            break Ok(hit);
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            break Err(format!(
-                "ended ({status}) before failpoint {point}={at}: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            ));
-        }
-        if Instant::now() >= deadline {
-            break Err(format!("never reached failpoint {point}={at}"));
-        }
-        std::thread::park_timeout(Duration::from_millis(2));
-    };
-    let _ = child.kill();
-    child.wait().unwrap();
-    hit
 }
 
 const KILL_RECORDS: u64 = 8_000_000;

@@ -322,8 +322,10 @@ fn late_records_go_to_the_side_output_and_windows_fire_once() {
                 .key_by(|r: &Rec| r.0)
                 .window(WindowAssigner::tumbling(Duration::from_millis(100)))
                 .allowed_lateness(Duration::from_millis(10))
-                .aggregate_process_with_late(SumCount, with_window);
-            results.uid("window").sink(out).uid("sink");
+                .aggregate_process_with_late(SumCount, with_window)
+                .uid("window")
+                .split_late();
+            results.sink(out).uid("sink");
             late.sink(late2).uid("late-sink");
         },
         1,

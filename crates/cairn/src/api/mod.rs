@@ -55,10 +55,13 @@ use crate::runtime::watermark::SourceWatermarks;
 pub use crate::runtime::watermark::{TimestampFn, WatermarkStrategy};
 use crate::state::keygroup::stable_hash;
 use crate::state::{Key, KeyedContext};
+pub use crate::window::WindowOutput;
 pub use crate::window::{
     AggregateFunction, ProcessWindowFunction, TimeWindow, Trigger as WindowTrigger, WindowAssigner,
 };
-use crate::window::{CollectAll, Reduce, Trigger, WindowFunction, WindowOutput, WindowSpec};
+use crate::window::{
+    CollectAll, Emit, Reduce, ResultsOnly, Trigger, WindowFunction, WindowSpec, WithLate,
+};
 
 /// A record type: cloneable (broadcast, several consumers), sendable between threads and
 /// serializable (between processes).
@@ -69,6 +72,8 @@ impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> Data for T {}
 struct GraphBuilder {
     nodes: Vec<NodeSpec>,
     edges: Vec<EdgeSpec>,
+    /// Problems found while building (bad window sizes): `build` reports the first.
+    errors: Vec<String>,
 }
 
 /// Builds a job graph with the DataStream API.
@@ -217,6 +222,9 @@ impl StreamEnv {
     /// Validates the graph: unique uids, no empty graph.
     pub fn build(&self, name: &str) -> Result<JobGraph, String> {
         let g = self.graph.borrow();
+        if let Some(e) = g.errors.first() {
+            return Err(format!("job '{name}': {e}"));
+        }
         if g.nodes.is_empty() {
             return Err(format!("job '{name}' has no operators"));
         }
@@ -592,7 +600,6 @@ impl<K: Key, T: Data + Sync> KeyedStream<K, T> {
                 assigner,
                 trigger: Trigger::default_for_time(),
                 allowed_lateness: 0,
-                late_output: false,
             },
             all: false,
         }
@@ -661,63 +668,75 @@ impl<K: Key, T: Data + Sync> WindowedStream<K, T> {
         A: AggregateFunction<T, R>,
         P: ProcessWindowFunction<K, R, O>,
     {
-        self.operator(agg, f)
-            .flat_map(|r: WindowOutput<O, T>, out: &mut Collector<O>| {
-                if let WindowOutput::Result(o) = r {
-                    out.collect(o);
-                }
-            })
+        self.operator::<R, O, A, P, ResultsOnly>(agg, f)
     }
 
-    /// [`WindowedStream::aggregate_process`], with the records that came too late for their
-    /// windows as a second stream (Flink's `sideOutputLateData`).
+    /// [`WindowedStream::aggregate_process`], keeping the records that came too late for
+    /// their windows (Flink's `sideOutputLateData`): set the window operator's uid on the
+    /// stream this returns, then [`DataStream::split_late`] it into results and late records.
     pub fn aggregate_process_with_late<R, O, A, P>(
-        mut self,
+        self,
         agg: A,
         f: P,
-    ) -> (DataStream<O>, DataStream<T>)
+    ) -> DataStream<WindowOutput<O, T>>
     where
         R: 'static,
         O: Data,
         A: AggregateFunction<T, R>,
         P: ProcessWindowFunction<K, R, O>,
     {
-        self.spec.late_output = true;
-        let out = self.operator(agg, f);
-        let env = out.env.clone();
-        let node = out.node;
-        let results = out.flat_map(|r: WindowOutput<O, T>, c: &mut Collector<O>| {
-            if let WindowOutput::Result(o) = r {
-                c.collect(o);
-            }
-        });
-        let late = DataStream::<WindowOutput<O, T>>::new(env, node)
-            .flat_map(|r: WindowOutput<O, T>, c: &mut Collector<T>| {
-                if let WindowOutput::Late(t) = r {
-                    c.collect(t);
-                }
-            })
-            .name("late-data");
-        (results, late)
+        self.operator::<R, O, A, P, WithLate>(agg, f)
     }
 
-    fn operator<R, O, A, P>(self, agg: A, f: P) -> DataStream<WindowOutput<O, T>>
+    fn operator<R, O, A, P, E>(self, agg: A, f: P) -> DataStream<E::Out>
     where
         R: 'static,
         O: Data,
         A: AggregateFunction<T, R>,
         P: ProcessWindowFunction<K, R, O>,
+        E: Emit<O, T>,
+        E::Out: Data,
     {
+        if let Err(e) = self.spec.assigner.validate() {
+            self.keyed.stream.env.graph.borrow_mut().errors.push(e);
+        }
         let all = self.all;
         let s = self
             .keyed
-            .process(WindowFunction::new(self.spec, agg, f))
+            .process(WindowFunction::<K, T, R, O, A, P, E>::new(
+                self.spec, agg, f,
+            ))
             .name("window");
         if all {
             s.parallelism(1)
         } else {
             s
         }
+    }
+}
+
+impl<O: Data, T: Data> DataStream<WindowOutput<O, T>> {
+    /// The results and the late records of a window operator.
+    pub fn split_late(self) -> (DataStream<O>, DataStream<T>) {
+        let results = self
+            .one_input("window-results", |_| {
+                Ok(FlatMapOp(|r: WindowOutput<O, T>, c: &mut Collector<O>| {
+                    if let WindowOutput::Result(o) = r {
+                        c.collect(o);
+                    }
+                }))
+            })
+            .name("window-results");
+        let late = self
+            .one_input("late-data", |_| {
+                Ok(FlatMapOp(|r: WindowOutput<O, T>, c: &mut Collector<T>| {
+                    if let WindowOutput::Late(t) = r {
+                        c.collect(t);
+                    }
+                }))
+            })
+            .name("late-data");
+        (results, late)
     }
 }
 

@@ -2,5 +2,6 @@
 
 pub mod backpressure;
 pub mod nexmark;
+mod nexmark_time;
 pub mod pipelines;
 pub mod wordcount;

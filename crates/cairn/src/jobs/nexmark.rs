@@ -13,7 +13,17 @@
 //!   persons and auctions come from two sources that generate only their kind, the same
 //!   events as in the single stream.
 //!
-//! The queries that need event-time windows (q4, q5, q7, q8, q11, q12) are not available yet.
+//! - `q5` hot items: per 10 s window sliding by 2 s, the auctions with the most bids — auction,
+//!   num (bids counted per auction on shared panes, then the window's maximum).
+//! - `q7` highest bid: per 10 s tumbling window, the bids at the window's highest price —
+//!   auction, price, bidder, date_time, extra.
+//! - `q8` monitor new users: persons who opened an auction in the 10 s tumbling window they
+//!   joined in — id, name, starttime (a window join of persons and auctions).
+//! - `q11` user sessions: each bidder's sessions of bids less than 10 s apart — bidder,
+//!   bid_count, starttime, endtime.
+//!
+//! Event time is each event's `date_time`, with watermarks made per split at the source.
+//! q4 and q12 are not available yet.
 
 use std::sync::Arc;
 
@@ -28,10 +38,11 @@ use crate::connectors::{
 use crate::error::TaskResult;
 use crate::state::{KeyedContext, ListState};
 
+use super::nexmark_time as time;
 use super::wordcount::WordOutput;
 
 /// The queries this job runs.
-pub const QUERIES: &[&str] = &["q0", "q1", "q2", "q3"];
+pub const QUERIES: &[&str] = &["q0", "q1", "q2", "q3", "q5", "q7", "q8", "q11"];
 
 /// Queries of the standard suite (q0 to q22).
 const STANDARD_QUERIES: u32 = 22;
@@ -73,6 +84,10 @@ enum Query {
     Q1,
     Q2,
     Q3,
+    Q5,
+    Q7,
+    Q8,
+    Q11,
 }
 
 fn query_of(name: &str) -> Result<Query, String> {
@@ -82,6 +97,10 @@ fn query_of(name: &str) -> Result<Query, String> {
         "q1" => Query::Q1,
         "q2" => Query::Q2,
         "q3" => Query::Q3,
+        "q5" => Query::Q5,
+        "q7" => Query::Q7,
+        "q8" => Query::Q8,
+        "q11" => Query::Q11,
         other => {
             let standard = other
                 .strip_prefix('q')
@@ -102,8 +121,8 @@ fn query_of(name: &str) -> Result<Query, String> {
 pub fn source_records(args: &NexmarkArgs) -> Result<u64, String> {
     let source = NexmarkSource::new(args.events, args.generator());
     Ok(match query_of(&args.query)? {
-        Query::Q0 | Query::Q1 | Query::Q2 => source.records(),
-        Query::Q3 => {
+        Query::Q0 | Query::Q1 | Query::Q2 | Query::Q5 | Query::Q7 | Query::Q11 => source.records(),
+        Query::Q3 | Query::Q8 => {
             source.clone().only(EventKind::Person).records()
                 + source.only(EventKind::Auction).records()
         }
@@ -190,6 +209,19 @@ pub fn build(args: &NexmarkArgs, output: &WordOutput) -> Result<JobGraph, String
                 .uid("q3-join")
                 .name("q3-join");
             sink(rows, output, encode_q3)
+        }
+        Query::Q5 => {
+            let bids = time::timed_bids(time::timed_events(&env, source, "nexmark-source"));
+            sink(time::q5(bids), output, encode_q2_shape)
+        }
+        Query::Q7 => {
+            let bids = time::timed_bids(time::timed_events(&env, source, "nexmark-source"));
+            sink(time::q7(bids), output, encode_q7)
+        }
+        Query::Q8 => sink(time::q8(&env, &source), output, encode_q8),
+        Query::Q11 => {
+            let bids = time::timed_bids(time::timed_events(&env, source, "nexmark-source"));
+            sink(time::q11(bids), output, encode_q11)
         }
     }
     env.build(&format!("nexmark-{}", args.query))
@@ -434,6 +466,45 @@ fn encode_q2(r: &(i64, i64), out: &mut Vec<u8>) {
     out.push(b'\n');
 }
 
+/// Two integer columns (q5: auction, num).
+fn encode_q2_shape(r: &(i64, u64), out: &mut Vec<u8>) {
+    push_int(out, r.0);
+    out.push(b'\t');
+    out.extend_from_slice(itoa::Buffer::new().format(r.1).as_bytes());
+    out.push(b'\n');
+}
+
+fn encode_q7(b: &Bid, out: &mut Vec<u8>) {
+    push_int(out, b.auction);
+    out.push(b'\t');
+    push_int(out, b.price);
+    out.push(b'\t');
+    push_int(out, b.bidder);
+    out.push(b'\t');
+    push_timestamp(out, b.date_time);
+    push_field(out, &b.extra);
+    out.push(b'\n');
+}
+
+fn encode_q8(r: &time::Q8Row, out: &mut Vec<u8>) {
+    push_int(out, r.id);
+    push_field(out, &r.name);
+    out.push(b'\t');
+    push_timestamp(out, r.start);
+    out.push(b'\n');
+}
+
+fn encode_q11(r: &time::Q11Row, out: &mut Vec<u8>) {
+    push_int(out, r.bidder);
+    out.push(b'\t');
+    out.extend_from_slice(itoa::Buffer::new().format(r.bid_count).as_bytes());
+    out.push(b'\t');
+    push_timestamp(out, r.start);
+    out.push(b'\t');
+    push_timestamp(out, r.end);
+    out.push(b'\n');
+}
+
 fn encode_q3(r: &Q3Row, out: &mut Vec<u8>) {
     out.extend_from_slice(r.name.as_bytes());
     push_field(out, &r.city);
@@ -496,15 +567,15 @@ mod tests {
     #[test]
     fn unknown_and_unavailable_queries_are_errors_listing_the_available_ones() {
         let error = |a: &NexmarkArgs| build(a, &WordOutput::Discard).err().unwrap_or_default();
-        let e = error(&args("q5"));
+        let e = error(&args("q4"));
         assert_eq!(
             e,
-            "nexmark query 'q5' is not available yet; available queries: q0, q1, q2, q3"
+            "nexmark query 'q4' is not available yet; available queries: q0, q1, q2, q3, q5, q7, q8, q11"
         );
         let e = error(&args("q99"));
         assert_eq!(
             e,
-            "unknown nexmark query 'q99'; available queries: q0, q1, q2, q3"
+            "unknown nexmark query 'q99'; available queries: q0, q1, q2, q3, q5, q7, q8, q11"
         );
         let e = source_records(&args("x")).unwrap_err();
         assert!(e.starts_with("unknown nexmark query 'x'"), "{e}");

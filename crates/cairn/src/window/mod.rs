@@ -281,6 +281,43 @@ pub enum WindowOutput<O, T> {
     Late(T),
 }
 
+/// What a window operator emits: its results only ([`ResultsOnly`]), or its results and the
+/// records that came too late for their windows ([`WithLate`]).
+pub trait Emit<O, T>: Send + Sync + 'static {
+    /// The operator's output record.
+    type Out: Send + 'static;
+    /// A window's result.
+    fn result(o: O) -> Self::Out;
+    /// A late record (None: dropped).
+    fn late(t: T) -> Option<Self::Out>;
+}
+
+/// Results only; late records are dropped (Flink's default).
+pub struct ResultsOnly;
+
+impl<O: Send + 'static, T> Emit<O, T> for ResultsOnly {
+    type Out = O;
+    fn result(o: O) -> O {
+        o
+    }
+    fn late(_: T) -> Option<O> {
+        None
+    }
+}
+
+/// Results and late records, as [`WindowOutput`].
+pub struct WithLate;
+
+impl<O: Send + 'static, T: Send + 'static> Emit<O, T> for WithLate {
+    type Out = WindowOutput<O, T>;
+    fn result(o: O) -> Self::Out {
+        WindowOutput::Result(o)
+    }
+    fn late(t: T) -> Option<Self::Out> {
+        Some(WindowOutput::Late(t))
+    }
+}
+
 /// The contents of one slot (pane or window) of a key.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Slot<A> {
@@ -298,12 +335,10 @@ pub struct WindowSpec {
     pub trigger: Trigger,
     /// How long after its end a window still takes late records (event time).
     pub allowed_lateness: i64,
-    /// Whether late records go to the side output (else they are dropped).
-    pub late_output: bool,
 }
 
 /// The type parameters a window function is generic over, for `PhantomData`.
-type Types<K, T, R, O> = fn(K, T) -> (R, O);
+type Types<K, T, R, O, E> = fn(K, T, E) -> (R, O);
 
 /// A key's slots of aligned windows, by start.
 type Slots<A> = BTreeMap<i64, Slot<A>>;
@@ -311,7 +346,7 @@ type Slots<A> = BTreeMap<i64, Slot<A>>;
 type Sessions<A> = Vec<(TimeWindow, Slot<A>)>;
 
 /// The window operator's function: assigns, accumulates, fires and cleans up.
-pub struct WindowFunction<K, T, R, O, A: AggregateFunction<T, R>, P> {
+pub struct WindowFunction<K, T, R, O, A: AggregateFunction<T, R>, P, E> {
     spec: WindowSpec,
     agg: A,
     process: P,
@@ -319,10 +354,12 @@ pub struct WindowFunction<K, T, R, O, A: AggregateFunction<T, R>, P> {
     slots: Option<ValueState<Slots<A::Acc>>>,
     /// Session windows: a key's windows, sorted by start.
     sessions: Option<ValueState<Sessions<A::Acc>>>,
-    _p: PhantomData<Types<K, T, R, O>>,
+    _p: PhantomData<Types<K, T, R, O, E>>,
 }
 
-impl<K, T, R, O, A: AggregateFunction<T, R>, P: Clone> Clone for WindowFunction<K, T, R, O, A, P> {
+impl<K, T, R, O, A: AggregateFunction<T, R>, P: Clone, E> Clone
+    for WindowFunction<K, T, R, O, A, P, E>
+{
     fn clone(&self) -> Self {
         WindowFunction {
             spec: self.spec,
@@ -335,7 +372,7 @@ impl<K, T, R, O, A: AggregateFunction<T, R>, P: Clone> Clone for WindowFunction<
     }
 }
 
-impl<K, T, R, O, A: AggregateFunction<T, R>, P> WindowFunction<K, T, R, O, A, P> {
+impl<K, T, R, O, A: AggregateFunction<T, R>, P, E> WindowFunction<K, T, R, O, A, P, E> {
     /// A window function aggregating with `agg` and evaluating with `process`.
     pub fn new(spec: WindowSpec, agg: A, process: P) -> Self {
         WindowFunction {
@@ -392,12 +429,13 @@ impl Aligned {
     }
 }
 
-impl<K, T, R, O, A, P> WindowFunction<K, T, R, O, A, P>
+impl<K, T, R, O, A, P, E> WindowFunction<K, T, R, O, A, P, E>
 where
     K: Key,
     T: StateValue,
     A: AggregateFunction<T, R>,
     P: ProcessWindowFunction<K, R, O>,
+    E: Emit<O, T>,
 {
     fn aligned(&self) -> Option<Aligned> {
         match self.spec.assigner.shape {
@@ -470,7 +508,7 @@ where
         ctx: &KeyedContext<K>,
         w: TimeWindow,
         acc: &A::Acc,
-        out: &mut Collector<WindowOutput<O, T>>,
+        out: &mut Collector<E::Out>,
     ) -> TaskResult {
         let key = ctx
             .current_key()
@@ -483,7 +521,7 @@ where
             &mut Collector::new(&mut results),
         );
         for r in results {
-            out.collect(WindowOutput::Result(r));
+            out.collect(E::result(r));
         }
         Ok(())
     }
@@ -528,17 +566,18 @@ where
         ts: i64,
         value: T,
         ctx: &mut KeyedContext<K>,
-        out: &mut Collector<WindowOutput<O, T>>,
+        out: &mut Collector<E::Out>,
     ) -> TaskResult {
         let live: Vec<TimeWindow> = g.windows_of(ts).filter(|w| !self.is_late(w, ctx)).collect();
         if live.is_empty() {
-            if self.spec.late_output {
-                out.collect(WindowOutput::Late(value));
+            if let Some(late) = E::late(value) {
+                out.collect(late);
             }
             return Ok(());
         }
         let state = self.slots()?.clone();
-        let mut slots = state.value(ctx)?.cloned().unwrap_or_default();
+        // Taken out and put back: no copy of the key's windows per record.
+        let mut slots = std::mem::take(state.get_mut(ctx, BTreeMap::new)?);
         match g.pane {
             Some(pane) => {
                 let start = g.floor(ts, pane);
@@ -612,12 +651,13 @@ where
         g: Aligned,
         time: i64,
         ctx: &mut KeyedContext<K>,
-        out: &mut Collector<WindowOutput<O, T>>,
+        out: &mut Collector<E::Out>,
     ) -> TaskResult {
         let state = self.slots()?.clone();
-        let Some(mut slots) = state.value(ctx)?.cloned() else {
+        if state.value(ctx)?.is_none() {
             return Ok(());
-        };
+        }
+        let mut slots = std::mem::take(state.get_mut(ctx, BTreeMap::new)?);
         let lateness = self.lateness();
         let fire_end = time + 1;
         if self.spec.trigger.count.is_none() && g.is_window_end(fire_end) {
@@ -656,15 +696,17 @@ where
         ts: i64,
         value: T,
         ctx: &mut KeyedContext<K>,
-        out: &mut Collector<WindowOutput<O, T>>,
+        out: &mut Collector<E::Out>,
     ) -> TaskResult {
         let state = self.sessions()?.clone();
-        let mut sessions = state.value(ctx)?.cloned().unwrap_or_default();
+        let mut sessions = std::mem::take(state.get_mut(ctx, Vec::new)?);
         let mut merged = TimeWindow {
             start: ts,
             end: ts.saturating_add(gap),
         };
-        let mut acc = self.agg.create();
+        // Sessions never overlap, so one pass in start order finds every one the new record's
+        // window reaches, also through the ones it absorbed.
+        let mut acc: Option<A::Acc> = None;
         let mut count = 0;
         let mut kept = Vec::with_capacity(sessions.len() + 1);
         let mut absorbed = Vec::new();
@@ -672,7 +714,10 @@ where
             if w.intersects(&merged) {
                 merged = merged.cover(&w);
                 absorbed.push(w);
-                self.agg.merge(&mut acc, &slot.acc);
+                match &mut acc {
+                    Some(a) => self.agg.merge(a, &slot.acc),
+                    None => acc = Some(slot.acc),
+                }
                 count += slot.count;
             } else {
                 kept.push((w, slot));
@@ -681,11 +726,12 @@ where
         // A session still in state is not late, so the merge is late only when it absorbed
         // nothing: the record alone would open a window that was dropped already.
         if absorbed.is_empty() && self.is_late(&merged, ctx) {
-            if self.spec.late_output {
-                out.collect(WindowOutput::Late(value));
+            if let Some(late) = E::late(value) {
+                out.collect(late);
             }
-            return Ok(());
+            return state.update(ctx, kept);
         }
+        let mut acc = acc.unwrap_or_else(|| self.agg.create());
         for w in &absorbed {
             if self.spec.trigger.count.is_none() {
                 self.delete(ctx, w.max_timestamp())?;
@@ -721,12 +767,13 @@ where
         &mut self,
         time: i64,
         ctx: &mut KeyedContext<K>,
-        out: &mut Collector<WindowOutput<O, T>>,
+        out: &mut Collector<E::Out>,
     ) -> TaskResult {
         let state = self.sessions()?.clone();
-        let Some(mut sessions) = state.value(ctx)?.cloned() else {
+        if state.value(ctx)?.is_none() {
             return Ok(());
-        };
+        }
+        let mut sessions = std::mem::take(state.get_mut(ctx, Vec::new)?);
         let lateness = self.lateness();
         let time_trigger = self.spec.trigger.count.is_none();
         let mut kept = Vec::with_capacity(sessions.len());
@@ -750,8 +797,7 @@ where
     }
 }
 
-impl<K, T, R, O, A, P> KeyedProcessFunction<K, T, WindowOutput<O, T>>
-    for WindowFunction<K, T, R, O, A, P>
+impl<K, T, R, O, A, P, E> KeyedProcessFunction<K, T, E::Out> for WindowFunction<K, T, R, O, A, P, E>
 where
     K: Key,
     T: StateValue + Serialize + DeserializeOwned,
@@ -759,6 +805,7 @@ where
     O: Send + 'static,
     A: AggregateFunction<T, R>,
     P: ProcessWindowFunction<K, R, O>,
+    E: Emit<O, T>,
 {
     fn open(&mut self, ctx: &mut KeyedContext<K>) -> TaskResult {
         match self.spec.assigner.shape {
@@ -772,7 +819,7 @@ where
         &mut self,
         value: T,
         ctx: &mut KeyedContext<K>,
-        out: &mut Collector<WindowOutput<O, T>>,
+        out: &mut Collector<E::Out>,
     ) -> TaskResult {
         let ts = match self.spec.assigner.domain {
             TimeDomain::EventTime => ctx.timestamp().ok_or_else(|| {
@@ -794,7 +841,7 @@ where
         time: i64,
         domain: TimeDomain,
         ctx: &mut KeyedContext<K>,
-        out: &mut Collector<WindowOutput<O, T>>,
+        out: &mut Collector<E::Out>,
     ) -> TaskResult {
         if domain != self.spec.assigner.domain {
             return Ok(());
