@@ -438,3 +438,163 @@ fn window_all_sees_every_record() {
         .collect();
     assert_eq!(got, expected);
 }
+
+/// Left record i: key i mod 7, time 5i ms; right record j: key j mod 7, time 3j ms.
+fn left(i: u64) -> Rec {
+    (i % KEYS, 5 * i as i64, i)
+}
+
+fn right(j: u64) -> Rec {
+    (j % KEYS, 3 * j as i64, j)
+}
+
+fn two_sources(
+    env: &StreamEnv,
+    n: u64,
+) -> (cairn::api::DataStream<Rec>, cairn::api::DataStream<Rec>) {
+    let strategy = || WatermarkStrategy::monotonous(|r: &Rec| r.1);
+    let l = env
+        .source_with_watermarks(SequenceSource::new(n, 0, left), strategy())
+        .uid("left");
+    let r = env
+        .source_with_watermarks(SequenceSource::new(n, 0, right), strategy())
+        .uid("right");
+    (l, r)
+}
+
+#[test]
+fn interval_join_emits_every_pair_within_the_bounds_once() {
+    let n = 5_000;
+    for p in [1, 3] {
+        let got = run(
+            |env, out| {
+                let (l, r) = two_sources(env, n);
+                l.key_by(|r: &Rec| r.0)
+                    .interval_join(
+                        r.key_by(|r: &Rec| r.0),
+                        -20,
+                        35,
+                        |a: &Rec, b: &Rec, out: &mut Collector<(u64, u64)>| out.collect((a.2, b.2)),
+                    )
+                    .uid("join")
+                    .sink(out)
+                    .uid("sink");
+            },
+            p,
+        );
+        let mut expected = Vec::new();
+        for a in (0..n).map(left) {
+            for b in (0..n).map(right) {
+                if a.0 == b.0 && b.1 >= a.1 - 20 && b.1 <= a.1 + 35 {
+                    expected.push((a.2, b.2));
+                }
+            }
+        }
+        expected.sort();
+        assert!(!expected.is_empty());
+        assert_eq!(got, expected, "parallelism {p}");
+    }
+}
+
+#[test]
+fn window_join_and_co_group_pair_the_records_of_each_window() {
+    let n = 3_000;
+    let got = run(
+        |env, out| {
+            let (l, r) = two_sources(env, n);
+            l.key_by(|r: &Rec| r.0)
+                .window_join(
+                    r.key_by(|r: &Rec| r.0),
+                    WindowAssigner::tumbling(Duration::from_millis(100)),
+                    |a: &Rec, b: &Rec, out: &mut Collector<(u64, u64)>| out.collect((a.2, b.2)),
+                )
+                .uid("join")
+                .sink(out)
+                .uid("sink");
+        },
+        2,
+    );
+    let mut expected = Vec::new();
+    for a in (0..n).map(left) {
+        for b in (0..n).map(right) {
+            if a.0 == b.0 && a.1.div_euclid(100) == b.1.div_euclid(100) {
+                expected.push((a.2, b.2));
+            }
+        }
+    }
+    expected.sort();
+    assert_eq!(got, expected);
+    // Co-group: every key and window with records on either side, with both counts.
+    let groups = run(
+        |env, out| {
+            let (l, r) = two_sources(env, n);
+            l.key_by(|r: &Rec| r.0)
+                .window_co_group(
+                    r.key_by(|r: &Rec| r.0),
+                    WindowAssigner::tumbling(Duration::from_millis(100)),
+                    |k: &u64,
+                     w: TimeWindow,
+                     ls: &[Rec],
+                     rs: &[Rec],
+                     out: &mut Collector<(u64, i64, usize, usize)>| {
+                        out.collect((*k, w.start, ls.len(), rs.len()))
+                    },
+                )
+                .uid("co-group")
+                .sink(out)
+                .uid("sink");
+        },
+        2,
+    );
+    let mut counts: BTreeMap<(u64, i64), (usize, usize)> = BTreeMap::new();
+    for a in (0..n).map(left) {
+        counts
+            .entry((a.0, a.1 - a.1.rem_euclid(100)))
+            .or_default()
+            .0 += 1;
+    }
+    for b in (0..n).map(right) {
+        counts
+            .entry((b.0, b.1 - b.1.rem_euclid(100)))
+            .or_default()
+            .1 += 1;
+    }
+    let expected: Vec<_> = counts
+        .into_iter()
+        .map(|((k, s), (l, r))| (k, s, l, r))
+        .collect();
+    assert_eq!(groups, expected);
+}
+
+#[test]
+fn bad_window_and_join_bounds_are_refused_when_the_job_is_built() {
+    let env = StreamEnv::new();
+    source(&env, 10, rec)
+        .key_by(|r: &Rec| r.0)
+        .window(WindowAssigner::sliding(
+            Duration::from_millis(10),
+            Duration::from_millis(20),
+        ))
+        .reduce(|a: &Rec, _: &Rec| *a)
+        .sink(Collect(Arc::new(Mutex::new(Vec::new()))));
+    let e = env.build("bad").err().unwrap();
+    assert!(
+        e.contains("slide (20 ms) must not exceed its size (10 ms)"),
+        "{e}"
+    );
+    let env = StreamEnv::new();
+    let (l, r) = two_sources(&env, 10);
+    l.key_by(|r: &Rec| r.0)
+        .interval_join(
+            r.key_by(|r: &Rec| r.0),
+            10,
+            5,
+            |a: &Rec, _: &Rec, out: &mut Collector<u64>| out.collect(a.2),
+        )
+        .sink(Collect(Arc::new(Mutex::new(Vec::new()))));
+    let e = env.build("bad").err().unwrap();
+    assert!(
+        e.contains("lower bound (10 ms) must not exceed its upper bound (5 ms)"),
+        "{e}"
+    );
+}

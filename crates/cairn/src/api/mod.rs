@@ -55,6 +55,7 @@ use crate::runtime::watermark::SourceWatermarks;
 pub use crate::runtime::watermark::{TimestampFn, WatermarkStrategy};
 use crate::state::keygroup::stable_hash;
 use crate::state::{Key, KeyedContext};
+use crate::window::join::{IntervalJoin, WindowCoGroup};
 pub use crate::window::WindowOutput;
 pub use crate::window::{
     AggregateFunction, ProcessWindowFunction, TimeWindow, Trigger as WindowTrigger, WindowAssigner,
@@ -712,6 +713,67 @@ impl<K: Key, T: Data + Sync> WindowedStream<K, T> {
         } else {
             s
         }
+    }
+}
+
+impl<K: Key, T1: Data + Sync> KeyedStream<K, T1> {
+    /// The interval join with `other` (Flink's `intervalJoin(...).between(lower, upper)`): `f`
+    /// sees every pair of records of the same key with
+    /// `left.ts + lower_ms <= right.ts <= left.ts + upper_ms`, once.
+    pub fn interval_join<T2: Data + Sync, O: Data>(
+        self,
+        other: KeyedStream<K, T2>,
+        lower_ms: i64,
+        upper_ms: i64,
+        f: impl Fn(&T1, &T2, &mut Collector<O>) + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let env = self.stream.env.clone();
+        match IntervalJoin::new(lower_ms, upper_ms, Arc::new(f)) {
+            Ok(join) => self.connect(other).process(join).name("interval-join"),
+            Err(e) => {
+                env.graph.borrow_mut().errors.push(e);
+                DataStream::new(env.clone(), 0)
+            }
+        }
+    }
+
+    /// The window co-group with `other` on tumbling or sliding event-time windows: `f` sees,
+    /// per key and window, the records of both sides.
+    pub fn window_co_group<T2: Data + Sync, O: Data>(
+        self,
+        other: KeyedStream<K, T2>,
+        assigner: WindowAssigner,
+        f: impl Fn(&K, TimeWindow, &[T1], &[T2], &mut Collector<O>) + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        let env = self.stream.env.clone();
+        match WindowCoGroup::new(assigner, Arc::new(f)) {
+            Ok(cg) => self.connect(other).process(cg).name("window-co-group"),
+            Err(e) => {
+                env.graph.borrow_mut().errors.push(e);
+                DataStream::new(env.clone(), 0)
+            }
+        }
+    }
+
+    /// The window join with `other`: `f` sees every pair of records of the same key and window.
+    pub fn window_join<T2: Data + Sync, O: Data>(
+        self,
+        other: KeyedStream<K, T2>,
+        assigner: WindowAssigner,
+        f: impl Fn(&T1, &T2, &mut Collector<O>) + Send + Sync + 'static,
+    ) -> DataStream<O> {
+        self.window_co_group(
+            other,
+            assigner,
+            move |_: &K, _: TimeWindow, ls: &[T1], rs: &[T2], out: &mut Collector<O>| {
+                for l in ls {
+                    for r in rs {
+                        f(l, r, out);
+                    }
+                }
+            },
+        )
+        .name("window-join")
     }
 }
 

@@ -24,6 +24,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub mod join;
+
 use crate::error::{TaskError, TaskResult};
 use crate::runtime::functions::{Collector, KeyedProcessFunction};
 use crate::state::{Key, KeyedContext, StateValue, TimeDomain, ValueState};
@@ -120,6 +122,18 @@ impl WindowAssigner {
     /// The clock the windows follow.
     pub fn domain(&self) -> TimeDomain {
         self.domain
+    }
+
+    /// Size, slide and offset in ms of tumbling and sliding windows (None: sessions).
+    pub fn aligned_geometry(&self) -> Option<(i64, i64, i64)> {
+        match self.shape {
+            Shape::Aligned {
+                size,
+                slide,
+                offset,
+            } => Some((size, slide, offset)),
+            Shape::Session { .. } => None,
+        }
     }
 
     /// Checks the sizes; a one-line error names what is wrong.
