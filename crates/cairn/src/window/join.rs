@@ -16,6 +16,8 @@ use super::{TimeWindow, WindowAssigner};
 
 /// Records by timestamp.
 type Buffer<T> = BTreeMap<i64, Vec<T>>;
+/// Both sides' records of a key, by window start.
+type WindowSides<L, R> = BTreeMap<i64, (Vec<L>, Vec<R>)>;
 
 /// What an interval join emits for a matching pair.
 pub type JoinFn<L, R, O> = Arc<dyn Fn(&L, &R, &mut Collector<O>) + Send + Sync>;
@@ -165,7 +167,7 @@ pub type CoGroupFn<K, L, R, O> =
 pub struct WindowCoGroup<K, L, R, O> {
     assigner: WindowAssigner,
     f: CoGroupFn<K, L, R, O>,
-    windows: Option<ValueState<BTreeMap<i64, (Vec<L>, Vec<R>)>>>,
+    windows: Option<ValueState<WindowSides<L, R>>>,
     _k: PhantomData<fn() -> K>,
 }
 
