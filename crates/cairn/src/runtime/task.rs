@@ -734,8 +734,9 @@ impl TaskRuntime {
             Element::Watermark(w) => self.watermark_out(valve.on_watermark(ch, w))?,
             Element::Idle => self.watermark_out(valve.on_idle(ch))?,
             Element::EndOfStream => {
-                // An ended channel no longer holds back event time.
-                self.watermark_out(valve.on_end_of_stream(ch))?;
+                // End of stream moves no event time: a source read to its end sent the maximum
+                // watermark before its final checkpoint already, and after a stop-with-savepoint
+                // (without drain) windows must not fire past the savepoint.
                 let actions = gate.on_end_of_stream(ch, now());
                 self.act_all(actions)?;
                 open_per_port[port] -= 1;

@@ -300,11 +300,6 @@ impl WatermarkValve {
         }
     }
 
-    /// Channel `ch` ended: it no longer holds back the watermark.
-    pub fn on_end_of_stream(&mut self, ch: usize) -> Option<WatermarkOutput> {
-        self.on_watermark(ch, WATERMARK_MAX)
-    }
-
     fn combine(&mut self) -> Option<WatermarkOutput> {
         let active = self.channels.iter().filter(|c| !c.idle);
         let min = active.map(|c| c.watermark).min();
@@ -375,11 +370,14 @@ mod tests {
     }
 
     #[test]
-    fn ended_channels_release_the_watermark() {
+    fn a_channel_read_to_its_end_releases_the_watermark_with_its_maximum() {
         let mut v = WatermarkValve::new(2);
         v.on_watermark(0, 10);
-        assert_eq!(v.on_end_of_stream(1), Some(Watermark(10)));
-        assert_eq!(v.on_end_of_stream(0), Some(Watermark(WATERMARK_MAX)));
+        assert_eq!(v.on_watermark(1, WATERMARK_MAX), Some(Watermark(10)));
+        assert_eq!(
+            v.on_watermark(0, WATERMARK_MAX),
+            Some(Watermark(WATERMARK_MAX))
+        );
     }
 
     fn gen(bound_ms: u64, splits: usize, t0: Instant) -> SourceWatermarks {
