@@ -302,4 +302,23 @@ mod tests {
     fn finds_a_task_that_exits_before_its_output_is_committed() {
         finds(Planted::Handler(Flaw::ExitBeforeCommit), &Mode::ALL, 2_000);
     }
+
+    /// A watermark must not overtake the records buffered in front of it: a window would fire
+    /// before all of its records arrived.
+    #[test]
+    fn finds_a_watermark_sent_before_the_partial_batch() {
+        finds(Planted::WatermarkBeforeFlush, &Mode::ALL, 2_000);
+    }
+
+    /// A task's event time is the minimum over its inputs.
+    #[test]
+    fn finds_event_time_taken_as_the_maximum_over_inputs() {
+        finds(Planted::WatermarkMax, &Mode::ALL, 2_000);
+    }
+
+    /// Timers are state: lost at a restore, their windows never fire.
+    #[test]
+    fn finds_timers_lost_at_a_restore() {
+        finds(Planted::TimersLost, &Mode::ALL, 2_000);
+    }
 }

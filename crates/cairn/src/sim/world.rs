@@ -42,6 +42,8 @@ use crate::runtime::gate::{
 use crate::runtime::master::{MasterAction, MasterCore, MasterFlaw, Outcome as JobOutcome};
 use crate::runtime::restart::RestartTracker;
 use crate::runtime::task::JobEvent;
+use crate::runtime::watermark::{WatermarkOutput, WatermarkValve};
+use crate::state::Timers;
 use crate::storage::layout::{checkpoint_dir, metadata_path};
 use crate::storage::{CheckpointStorage, MemoryStorage};
 
@@ -113,7 +115,19 @@ pub(crate) enum Planted {
     Master(MasterFlaw),
     /// An intermediate savepoint commits the sinks' output (its completion is broadcast).
     SavepointCommits,
+    /// A source sends its watermark before the partial batch in front of it.
+    WatermarkBeforeFlush,
+    /// A counter's event time is the maximum over its inputs, not the minimum.
+    WatermarkMax,
+    /// Timers are not restored with the counters' state.
+    TimersLost,
 }
+
+/// Event time of the records: a record's time is its position in its source; windows are this
+/// many positions long.
+const WINDOW: u64 = 3;
+/// Marks a window result `(WINDOWED | key << 32 | window, count)` among the sinks' records.
+const WINDOWED: u64 = 1 << 63;
 
 /// One run's settings.
 #[derive(Debug, Clone, Copy)]
@@ -143,8 +157,12 @@ pub(crate) struct Outcome {
 pub(crate) enum State {
     /// Read position.
     Source(usize),
-    /// Count per key.
-    Counter(BTreeMap<u64, u64>),
+    /// Count per key, count per key and window, event-time timers (key, time).
+    Counter(
+        BTreeMap<u64, u64>,
+        BTreeMap<(u64, u64), u64>,
+        Vec<(u64, i64)>,
+    ),
     /// Pre-committed, not yet committed transactions: (transaction, output).
     Sink(Vec<(Txn, Vec<(u64, u64)>)>),
 }
@@ -172,6 +190,14 @@ enum Body {
     },
     Counter {
         counts: BTreeMap<u64, u64>,
+        /// Records per key and window not yet fired.
+        windows: BTreeMap<(u64, u64), u64>,
+        /// One timer per key and window end (the real timer queue).
+        timers: Timers<u64>,
+        /// Event time over the inputs (the real valve).
+        valve: WatermarkValve,
+        /// Per input, the last watermark (for the planted maximum).
+        seen: Vec<i64>,
     },
     Sink {
         current: Vec<(u64, u64)>,
@@ -193,6 +219,7 @@ enum Out {
     Barrier(Barrier),
     /// An unaligned barrier: it carries the number of batches sent before it.
     Priority(Barrier),
+    Watermark(i64),
     EndOfStream,
 }
 
@@ -792,11 +819,22 @@ impl World {
                 stopped: None,
             }
         } else if is_counter(t) {
+            let (counts, windows, restored_timers) = match state {
+                Some(State::Counter(c, w, t)) => (c, w, t),
+                _ => (BTreeMap::new(), BTreeMap::new(), Vec::new()),
+            };
+            let mut timers = Timers::new();
+            if self.cfg.planted != Some(Planted::TimersLost) {
+                for (k, time) in restored_timers {
+                    timers.event.register(&k, time);
+                }
+            }
             Body::Counter {
-                counts: match state {
-                    Some(State::Counter(c)) => c,
-                    _ => BTreeMap::new(),
-                },
+                counts,
+                windows,
+                timers,
+                valve: WatermarkValve::new(self.inputs[t].len()),
+                seen: vec![i64::MIN; self.inputs[t].len()],
             }
         } else {
             if let Some(State::Sink(pending)) = state {
@@ -903,6 +941,7 @@ impl World {
                     format!("priority barrier {} after {}", b.id, self.channels[ch].sent)
                 }
                 Out::EndOfStream => "end of stream".into(),
+                Out::Watermark(t) => format!("watermark {t}"),
             };
             self.note(|| format!("channel {ch}: {what}"));
         }
@@ -933,6 +972,7 @@ impl World {
                 Item::Priority(b, c.sent)
             }
             Out::EndOfStream => Item::Data(Element::EndOfStream),
+            Out::Watermark(t) => Item::Data(Element::Watermark(t)),
         };
         c.queue.push_back(item);
     }
@@ -946,12 +986,9 @@ impl World {
     }
 
     /// A batch of `records` for `task`'s output `out`.
-    fn batch_of(task: usize, records: Vec<(u64, u64)>) -> Box<dyn Any + Send> {
-        if is_source(task) {
-            Box::new(records.into_iter().map(|(k, _)| k).collect::<Vec<u64>>())
-        } else {
-            Box::new(records)
-        }
+    fn batch_of(_task: usize, records: Vec<(u64, u64)>) -> Box<dyn Any + Send> {
+        // Sources send (key, event time), counters (key, count).
+        Box::new(records)
     }
 
     /// Sends the partial batch of `task`'s output `out`, if it has one.
@@ -992,6 +1029,21 @@ impl World {
         }
     }
 
+    /// A source's watermark on every output, after the partial batches in front of it.
+    fn send_watermark(&mut self, task: usize, t: i64) {
+        let early = self.cfg.planted == Some(Planted::WatermarkBeforeFlush);
+        for out in 0..self.outputs[task].len() {
+            let ch = self.outputs[task][out];
+            if early {
+                self.send(task, ch, Out::Watermark(t));
+                self.flush_partial(task, out, FlushCredit::Wait);
+            } else {
+                self.flush_partial(task, out, FlushCredit::Wait);
+                self.send(task, ch, Out::Watermark(t));
+            }
+        }
+    }
+
     fn end_stream(&mut self, task: usize) {
         self.tasks[task].ended = true;
         for out in 0..self.outputs[task].len() {
@@ -1006,7 +1058,17 @@ impl World {
         let txn = (id, self.tasks[task].attempt);
         match &mut self.tasks[task].body {
             Body::Source { pos, .. } => State::Source(*pos),
-            Body::Counter { counts } => State::Counter(counts.clone()),
+            Body::Counter {
+                counts,
+                windows,
+                timers,
+                ..
+            } => {
+                // Sorted: the real queue is a hash set, the simulation must replay exactly.
+                let mut timers = timers.event.entries();
+                timers.sort_unstable();
+                State::Counter(counts.clone(), windows.clone(), timers)
+            }
             Body::Sink {
                 current,
                 pre_committed,
@@ -1145,20 +1207,39 @@ impl World {
     /// The operator of `task` processes a batch of records.
     fn apply(&mut self, task: usize, batch: Box<dyn Any + Send>) {
         if is_counter(task) {
-            let Ok(keys) = batch.downcast::<Vec<u64>>() else {
+            let Ok(records) = batch.downcast::<Vec<(u64, u64)>>() else {
                 return self.violate(format!("counter {task} got a batch of another type"));
             };
-            let Body::Counter { counts } = &mut self.tasks[task].body else {
+            let Body::Counter {
+                counts,
+                windows,
+                timers,
+                valve,
+                ..
+            } = &mut self.tasks[task].body
+            else {
                 return;
             };
-            let out: Vec<(u64, u64)> = keys
+            let mut late = None;
+            let out: Vec<(u64, u64)> = records
                 .iter()
-                .map(|&k| {
+                .map(|&(k, ts)| {
                     let c = counts.entry(k).or_insert(0);
                     *c += 1;
+                    if ts as i64 <= valve.current() {
+                        late = Some((k, ts, valve.current()));
+                    }
+                    // A window per WINDOW positions; its timer at its last position.
+                    let w = ts / WINDOW;
+                    *windows.entry((k, w)).or_insert(0) += 1;
+                    timers.event.register(&k, (w * WINDOW + WINDOW - 1) as i64);
                     (k, *c)
                 })
                 .collect();
+            if let Some((k, ts, wm)) = late {
+                self.count("late records");
+                self.note(|| format!("counter {task}: key {k} at {ts} behind watermark {wm}"));
+            }
             for record in out {
                 self.emit(task, 0, record);
             }
@@ -1171,29 +1252,52 @@ impl World {
         }
     }
 
-    fn encode_batch(task: usize, batch: &(dyn Any + Send)) -> Vec<u8> {
-        if is_counter(task) {
-            batch
-                .downcast_ref::<Vec<u64>>()
-                .map(encode)
-                .unwrap_or_default()
-        } else {
-            batch
-                .downcast_ref::<Vec<(u64, u64)>>()
-                .map(encode)
-                .unwrap_or_default()
-        }
+    fn encode_batch(_task: usize, batch: &(dyn Any + Send)) -> Vec<u8> {
+        batch
+            .downcast_ref::<Vec<(u64, u64)>>()
+            .map(encode)
+            .unwrap_or_default()
     }
 
-    fn decode_batch(task: usize, bytes: &[u8]) -> Option<Box<dyn Any + Send>> {
-        if is_counter(task) {
-            postcard::from_bytes::<Vec<u64>>(bytes)
-                .ok()
-                .map(|v| Box::new(v) as Box<dyn Any + Send>)
+    fn decode_batch(_task: usize, bytes: &[u8]) -> Option<Box<dyn Any + Send>> {
+        postcard::from_bytes::<Vec<(u64, u64)>>(bytes)
+            .ok()
+            .map(|v| Box::new(v) as Box<dyn Any + Send>)
+    }
+
+    /// A counter's input `input` delivered watermark `t`: fire the windows it completes.
+    fn on_watermark(&mut self, task: usize, input: usize, t: i64) {
+        let planted_max = self.cfg.planted == Some(Planted::WatermarkMax);
+        let Body::Counter {
+            windows,
+            timers,
+            valve,
+            seen,
+            ..
+        } = &mut self.tasks[task].body
+        else {
+            return self.violate(format!("task {task} got a watermark"));
+        };
+        let advanced = match valve.on_watermark(input, t) {
+            Some(WatermarkOutput::Watermark(w)) => Some(w),
+            _ => None,
+        };
+        seen[input] = seen[input].max(t);
+        let upto = if planted_max {
+            seen.iter().copied().max()
         } else {
-            postcard::from_bytes::<Vec<(u64, u64)>>(bytes)
-                .ok()
-                .map(|v| Box::new(v) as Box<dyn Any + Send>)
+            advanced
+        };
+        let Some(upto) = upto else { return };
+        let mut fired = Vec::new();
+        while let Some((time, k)) = timers.event.pop_due(upto) {
+            let w = time as u64 / WINDOW;
+            let n = windows.remove(&(k, w)).unwrap_or(0);
+            fired.push((WINDOWED | k << 32 | w, n));
+        }
+        for record in fired {
+            self.count("windows fired");
+            self.emit(task, 0, record);
         }
     }
 
@@ -1237,9 +1341,8 @@ impl World {
                 }
             }
             Element::Encoded(_) => self.violate(format!("task {task} got an encoded batch")),
-            Element::Watermark(_) | Element::Idle => self.violate(format!(
-                "task {task} got a watermark: simulated sources make none"
-            )),
+            Element::Watermark(t) => self.on_watermark(task, input, t),
+            Element::Idle => self.violate(format!("task {task} got idleness: sources make none")),
         }
         let parked = self.tasks[task].gate.parked();
         if parked > self.inputs[task].len() * (CREDITS_MAX as usize + 6) {
@@ -1511,18 +1614,27 @@ impl World {
         else {
             return;
         };
+        let start = *pos;
         let end = (*pos + n).min(keys.len());
         let read: Vec<u64> = keys[*pos..end].to_vec();
         *pos = end;
         let now_exhausted = end == keys.len();
         *exhausted = now_exhausted;
-        for k in read {
+        for (i, k) in read.into_iter().enumerate() {
             let counter = (k % COUNTERS as u64) as usize;
             let out = match self.topology {
                 Topology::Shuffle => counter,
                 Topology::Forward => 0,
             };
-            self.emit(s, out, (k, 0));
+            // Event time: the record's position in its source.
+            self.emit(s, out, (k, (start + i) as u64));
+        }
+        // Watermarks now and then, and the maximum one at the end (before the final
+        // checkpoint, as a real source does).
+        if now_exhausted {
+            self.send_watermark(s, i64::MAX);
+        } else if end > 0 && self.rng.bool() {
+            self.send_watermark(s, end as i64 - 1);
         }
         if now_exhausted {
             for out in 0..self.outputs[s].len() {
@@ -1705,6 +1817,38 @@ impl World {
         self.perform();
     }
 
+    /// Every window of every key fired with its exact count: exactly once, or (at least once:
+    /// replayed records may fire a window again, with part of its records) at least once with
+    /// all of them.
+    fn check_windows(&self, mut fired: BTreeMap<u64, Vec<u64>>) -> Option<String> {
+        let mut expected: BTreeMap<u64, u64> = BTreeMap::new();
+        for keys in &self.input {
+            for (i, &k) in keys.iter().enumerate() {
+                *expected
+                    .entry(WINDOWED | k << 32 | i as u64 / WINDOW)
+                    .or_insert(0) += 1;
+            }
+        }
+        for (w, n) in expected {
+            let got = fired.remove(&w).unwrap_or_default();
+            let (key, window) = ((w & !WINDOWED) >> 32, w & 0xffff_ffff);
+            let ok = if self.cfg.mode == Mode::AtLeastOnce {
+                got.iter().any(|&c| c >= n)
+            } else {
+                got == [n]
+            };
+            if !ok {
+                return Some(format!(
+                    "window {window} of key {key} holds {n} records, committed results {got:?}"
+                ));
+            }
+        }
+        fired.keys().next().map(|w| {
+            let (key, window) = ((w & !WINDOWED) >> 32, w & 0xffff_ffff);
+            format!("a result committed for window {window} of key {key}, which has no records")
+        })
+    }
+
     /// The update-sequence property on what the sinks committed, and nothing left
     /// uncommitted when the job finished.
     fn check_output(&mut self) {
@@ -1729,10 +1873,18 @@ impl World {
             }
         }
         let mut seen: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        let mut fired: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for out in self.external.values() {
             for &(k, c) in out {
-                seen.entry(k).or_default().push(c);
+                if k & WINDOWED != 0 {
+                    fired.entry(k).or_default().push(c);
+                } else {
+                    seen.entry(k).or_default().push(c);
+                }
             }
+        }
+        if let Some(v) = self.check_windows(fired) {
+            return self.violate(v);
         }
         for (k, n) in expected {
             let mut counts = seen.remove(&k).unwrap_or_default();

@@ -62,6 +62,11 @@ impl<K: Key> TimerQueue<K> {
         self.set.remove(&(key.clone(), time));
     }
 
+    /// Every registered timer (key, time), in no particular order.
+    pub(crate) fn entries(&self) -> Vec<(K, i64)> {
+        self.set.iter().cloned().collect()
+    }
+
     /// Number of registered timers.
     pub fn len(&self) -> usize {
         self.set.len()
