@@ -33,8 +33,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// List the checkpoints retained in a checkpoint directory.
     Checkpoints(checkpoints::CheckpointsArgs),
-    /// Measure wordcount under several checkpoint settings, in one run: throughput, checkpoint
-    /// modes, the cluster, or checkpoints vs savepoints (--suite).
+    /// Measure, in one run: wordcount throughput, checkpoint modes, the cluster, the Nexmark
+    /// queries, or checkpoints vs savepoints (--suite).
     Bench(bench::BenchArgs),
     /// Submit a built-in job to a coordinator's REST API; prints the new job id.
     Submit(remote::SubmitArgs),

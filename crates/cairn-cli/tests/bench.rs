@@ -1,6 +1,7 @@
 //! `cairn bench --suite savepoint` at a small key count: it prints its table, with the row of
-//! that key count and positive checkpoint and savepoint sizes. Times are not asserted: they
-//! are the machine's.
+//! that key count and positive checkpoint and savepoint sizes; `cairn bench --suite nexmark`
+//! at a few events: a row and a script line for every query at p=1 and p=2, with events/s,
+//! checkpoints and the peak RSS. Times are not asserted: they are the machine's.
 
 mod common;
 
@@ -54,5 +55,141 @@ fn savepoint_bench_prints_checkpoint_and_savepoint_sizes() {
     }
     for column in ["checkpoint ms", "savepoint ms", "stop->FINISHED ms"] {
         value(column);
+    }
+}
+
+const NEXMARK_COLUMNS: [&str; 12] = [
+    "query",
+    "p",
+    "events",
+    "run s",
+    "events/s",
+    "per core",
+    "vs Flink",
+    "vs p=1",
+    "ckpts",
+    "ckpt ms med/max",
+    "ckpt size med/max",
+    "peak RSS",
+];
+
+/// `833.3k`, `1.11M`, `12`: a count as `human::count` prints it.
+fn human_count(text: &str) -> f64 {
+    let (digits, scale) = match text.as_bytes().last() {
+        Some(b'k') => (&text[..text.len() - 1], 1e3),
+        Some(b'M') => (&text[..text.len() - 1], 1e6),
+        Some(b'G') => (&text[..text.len() - 1], 1e9),
+        _ => (text, 1.0),
+    };
+    digits
+        .parse::<f64>()
+        .unwrap_or_else(|e| panic!("count {text:?}: {e}"))
+        * scale
+}
+
+/// `9.4MiB`: a size as the nexmark table prints it, in bytes.
+fn table_bytes(text: &str) -> f64 {
+    let units = [
+        ("GiB", 1024.0 * 1024.0 * 1024.0),
+        ("MiB", 1024.0 * 1024.0),
+        ("KiB", 1024.0),
+        ("B", 1.0),
+    ];
+    let (digits, scale) = units
+        .iter()
+        .find_map(|(unit, scale)| text.strip_suffix(unit).map(|d| (d, *scale)))
+        .unwrap_or_else(|| panic!("size {text:?} has no unit"));
+    digits
+        .parse::<f64>()
+        .unwrap_or_else(|e| panic!("size {text:?}: {e}"))
+        * scale
+}
+
+#[test]
+fn nexmark_bench_prints_every_query_at_both_parallelisms() {
+    let out = common::run_ok(common::cairn().args([
+        "bench", "--suite", "nexmark", "--events", "20000", "--log", "warn",
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let header = stdout
+        .lines()
+        .find(|l| l.starts_with("query "))
+        .unwrap_or_else(|| panic!("no table header in:\n{stdout}"));
+    let columns: Vec<&str> = header
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(columns, NEXMARK_COLUMNS, "{stdout}");
+    let column = |name: &str| -> usize {
+        NEXMARK_COLUMNS
+            .iter()
+            .position(|c| *c == name)
+            .expect("a column")
+    };
+    for query in cairn::jobs::nexmark::QUERIES {
+        for p in ["1", "2"] {
+            let row: Vec<&str> = stdout
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|cells| cells.first() == Some(query) && cells.get(1) == Some(&p))
+                .unwrap_or_else(|| panic!("no row for {query} at p={p} in:\n{stdout}"));
+            assert_eq!(row.len(), NEXMARK_COLUMNS.len(), "{query} p={p}:\n{stdout}");
+            for name in ["events", "events/s", "per core"] {
+                let value = human_count(row[column(name)]);
+                assert!(value > 0.0, "{query} p={p}: {name} is {value}:\n{stdout}");
+            }
+            let checkpoints: usize = row[column("ckpts")]
+                .parse()
+                .unwrap_or_else(|e| panic!("{query} p={p}: ckpts: {e}\n{stdout}"));
+            // At least the final checkpoint of the bounded job.
+            assert!(checkpoints >= 1, "{query} p={p}: no checkpoint:\n{stdout}");
+            let rss = table_bytes(row[column("peak RSS")]);
+            assert!(rss > 0.0, "{query} p={p}: no peak RSS:\n{stdout}");
+
+            let prefix = format!("nexmark query={query} p={p} ");
+            let line = stdout
+                .lines()
+                .find(|l| l.starts_with(&prefix))
+                .unwrap_or_else(|| panic!("no script line for {query} at p={p} in:\n{stdout}"));
+            let field = |key: &str| -> f64 {
+                line.split_whitespace()
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                    .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{key} in {line:?}: {e}"))
+            };
+            assert!(field("events_per_s") > 0.0, "{line}");
+            assert!(field("checkpoints") >= 1.0, "{line}");
+            assert!(field("peak_rss_bytes") > 0.0, "{line}");
+            assert_eq!(field("stream_events"), 20000.0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn bench_refuses_flags_its_suite_does_not_take() {
+    let cases: [&[&str]; 6] = [
+        &["--suite", "nexmark", "--events", "0"],
+        &["--suite", "nexmark", "--keys", "10"],
+        &["--suite", "nexmark", "--records", "10"],
+        &["--suite", "nexmark", "--intervals", "100ms"],
+        &["--suite", "nexmark", "--parallelism", "1,0"],
+        &["--suite", "throughput", "--events", "10"],
+    ];
+    for flags in cases {
+        let out = common::cairn()
+            .arg("bench")
+            .args(flags)
+            .output()
+            .expect("cairn starts");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(
+            lines.len() == 1 && lines[0].starts_with("error: "),
+            "{flags:?} must be refused with one error line, got:\n{stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{flags:?} ran something");
     }
 }
