@@ -193,7 +193,7 @@ enum Body {
         /// Records per key and window not yet fired.
         windows: BTreeMap<(u64, u64), u64>,
         /// One timer per key and window end (the real timer queue).
-        timers: Timers<u64>,
+        timers: Box<Timers<u64>>,
         /// Event time over the inputs (the real valve).
         valve: WatermarkValve,
         /// Per input, the last watermark (for the planted maximum).
@@ -823,7 +823,7 @@ impl World {
                 Some(State::Counter(c, w, t)) => (c, w, t),
                 _ => (BTreeMap::new(), BTreeMap::new(), Vec::new()),
             };
-            let mut timers = Timers::new();
+            let mut timers = Box::new(Timers::new());
             if self.cfg.planted != Some(Planted::TimersLost) {
                 for (k, time) in restored_timers {
                     timers.event.register(&k, time);
@@ -1825,7 +1825,7 @@ impl World {
         for keys in &self.input {
             for (i, &k) in keys.iter().enumerate() {
                 *expected
-                    .entry(WINDOWED | k << 32 | i as u64 / WINDOW)
+                    .entry(WINDOWED | k << 32 | (i as u64 / WINDOW))
                     .or_insert(0) += 1;
             }
         }

@@ -62,7 +62,8 @@ impl<K: Key> TimerQueue<K> {
         self.set.remove(&(key.clone(), time));
     }
 
-    /// Every registered timer (key, time), in no particular order.
+    /// Every registered timer (key, time), in no particular order (the simulation's snapshots).
+    #[cfg(test)]
     pub(crate) fn entries(&self) -> Vec<(K, i64)> {
         self.set.iter().cloned().collect()
     }
