@@ -641,7 +641,7 @@ mod tests {
         let refused = |args: &[&str]| submitted(args).err().unwrap_or_default();
         assert_eq!(
             refused(&["--query", "q9", "--events", "5"]),
-            "nexmark query 'q9' is not available yet; available queries: q0, q1, q2, q3"
+            "nexmark query 'q9' is not available yet; available queries: q0, q1, q2, q3, q5, q7, q8, q11"
         );
         assert_eq!(refused(&["--query", "q1"]), "nexmark needs --events N");
     }

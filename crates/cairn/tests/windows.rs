@@ -598,3 +598,48 @@ fn bad_window_and_join_bounds_are_refused_when_the_job_is_built() {
         "{e}"
     );
 }
+
+/// One record per ms of event time; every 1000th record (from 2000 on) is stamped 600 ms early:
+/// its window fired long before it arrives, but within the allowed lateness.
+fn with_late_but_allowed(i: u64) -> Rec {
+    let late = i >= 2_000 && i % 1_000 == 0;
+    (i % KEYS, if late { i as i64 - 600 } else { i as i64 }, i)
+}
+
+#[test]
+fn a_record_within_the_allowed_lateness_fires_its_window_again() {
+    let got = run(
+        |env, out| {
+            env.source_with_watermarks(
+                // Throttled, so watermarks go out while it runs.
+                SequenceSource::new(10_000, 10_000, with_late_but_allowed),
+                WatermarkStrategy::monotonous(|r: &Rec| r.1),
+            )
+            .uid("source")
+            .key_by(|r: &Rec| r.0)
+            .window(WindowAssigner::tumbling(Duration::from_millis(100)))
+            .allowed_lateness(Duration::from_secs(5))
+            .aggregate_process(SumCount, with_window)
+            .uid("window")
+            .sink(out)
+            .uid("sink");
+        },
+        1,
+    );
+    let all: Vec<Rec> = (0..10_000).map(with_late_but_allowed).collect();
+    let late: Vec<Rec> = all.iter().filter(|r| r.1 != r.2 as i64).copied().collect();
+    let on_time: Vec<Rec> = all.iter().filter(|r| r.1 == r.2 as i64).copied().collect();
+    // Every window fires on time; a window that gets a late record fires again with it.
+    let mut expected = aligned_reference(&on_time, 100, 100);
+    for l in &late {
+        let start = l.1 - l.1.rem_euclid(100);
+        let on = expected
+            .iter()
+            .find(|r| r.0 == l.0 && r.1 == start)
+            .copied()
+            .unwrap_or((l.0, start, start + 100, 0, 0));
+        expected.push((l.0, start, start + 100, on.3 + l.2, on.4 + 1));
+    }
+    expected.sort();
+    assert_eq!(got, expected);
+}
