@@ -131,17 +131,21 @@ where
     }
 }
 
-/// Fires the timers of `domain` due at `upto` through `on_timer`.
+/// Fires the timers of `domain` due at `upto` through `on_timer` (for event time, the
+/// operator's watermark moves to `upto` first).
 fn fire_timers<K: Key, O>(
     ctx: &mut KeyedContext<K>,
     domain: TimeDomain,
     upto: i64,
     out: &mut Vec<O>,
-    mut on_timer: impl FnMut(i64, &mut KeyedContext<K>, &mut Collector<O>) -> TaskResult,
+    mut on_timer: impl FnMut(i64, TimeDomain, &mut KeyedContext<K>, &mut Collector<O>) -> TaskResult,
 ) -> TaskResult {
+    if domain == TimeDomain::EventTime {
+        ctx.set_watermark(upto);
+    }
     let mut c = Collector::new(out);
     while let Some(t) = ctx.next_due_timer(domain, upto) {
-        on_timer(t, ctx, &mut c)?;
+        on_timer(t, domain, ctx, &mut c)?;
     }
     Ok(())
 }
@@ -166,14 +170,13 @@ where
         Ok(())
     }
     fn on_watermark(&mut self, watermark: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
-        self.ctx.set_watermark(watermark);
         let f = &mut self.f;
         fire_timers(
             &mut self.ctx,
             TimeDomain::EventTime,
             watermark,
             out,
-            |t, ctx, c| f.on_timer(t, TimeDomain::EventTime, ctx, c),
+            |t, d, ctx, c| f.on_timer(t, d, ctx, c),
         )?;
         Ok(Some(watermark))
     }
@@ -187,7 +190,7 @@ where
             TimeDomain::ProcessingTime,
             now_ms,
             out,
-            |t, ctx, c| f.on_timer(t, TimeDomain::ProcessingTime, ctx, c),
+            |t, d, ctx, c| f.on_timer(t, d, ctx, c),
         )?;
         Ok(None)
     }
@@ -282,14 +285,13 @@ where
         Ok(())
     }
     fn on_watermark(&mut self, watermark: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
-        self.ctx.set_watermark(watermark);
         let f = &mut self.f;
         fire_timers(
             &mut self.ctx,
             TimeDomain::EventTime,
             watermark,
             out,
-            |t, ctx, c| f.on_timer(t, TimeDomain::EventTime, ctx, c),
+            |t, d, ctx, c| f.on_timer(t, d, ctx, c),
         )?;
         Ok(Some(watermark))
     }
@@ -303,7 +305,7 @@ where
             TimeDomain::ProcessingTime,
             now_ms,
             out,
-            |t, ctx, c| f.on_timer(t, TimeDomain::ProcessingTime, ctx, c),
+            |t, d, ctx, c| f.on_timer(t, d, ctx, c),
         )?;
         Ok(None)
     }
