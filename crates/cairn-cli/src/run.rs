@@ -14,7 +14,8 @@ use cairn::jobs::nexmark::{self, NexmarkArgs};
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::jobs::{backpressure, pipelines};
 use cairn::runtime::{
-    run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions, SavepointState,
+    run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions, SavepointKind,
+    SavepointState,
 };
 use cairn_rest::{JobRegistry, RestServer};
 use clap::{Args, Parser};
@@ -547,7 +548,7 @@ fn stop_on_signal(dir: PathBuf, status: Arc<JobStatus>) -> Result<()> {
                 "stopping with a savepoint under {} (again to cancel)",
                 dir.display()
             );
-            status.request_savepoint(dir.clone(), true, false);
+            status.request_savepoint(dir.clone(), SavepointKind::Stop, false);
         } else {
             status.request_cancel();
         }

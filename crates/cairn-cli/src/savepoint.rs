@@ -51,6 +51,11 @@ pub struct StopArgs {
     /// Where to write the final savepoint (default: the job's state.savepoints.dir).
     #[arg(long, value_name = "DIR")]
     savepoint_dir: Option<PathBuf>,
+    /// Send the maximum watermark before the savepoint: every event-time timer and window
+    /// fires and its results are committed. For ending a job for good: a job resumed from a
+    /// drained savepoint treats every record as late.
+    #[arg(long)]
+    drain: bool,
     #[command(flatten)]
     rest: RestArgs,
 }
@@ -79,7 +84,7 @@ pub fn savepoint(args: SavepointArgs) -> Result<()> {
 pub fn stop(args: StopArgs) -> Result<()> {
     let client = args.rest.client()?;
     let body =
-        json!({ "targetDirectory": dir_text(args.savepoint_dir.as_deref()), "drain": false });
+        json!({ "targetDirectory": dir_text(args.savepoint_dir.as_deref()), "drain": args.drain });
     // A stop-with-savepoint completes once the job finished.
     let location = trigger_and_wait(&client, &args.id, "stop", &body)?;
     println!("savepoint stored in {location}");

@@ -15,7 +15,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use cairn::runtime::{JobStatus, SavepointState};
+use cairn::runtime::{JobStatus, SavepointKind, SavepointState};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -501,7 +501,7 @@ fn request_savepoint(
     registry: &JobRegistry,
     jid: &str,
     dir: Option<&Value>,
-    stop: bool,
+    kind: SavepointKind,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let status = lookup(registry, jid)?;
     if status.view().state.is_terminal() {
@@ -511,8 +511,8 @@ fn request_savepoint(
         ));
     }
     let dir = savepoint_dir(&status, dir)?;
-    let request_id = status.request_savepoint(dir, stop, true);
-    info!("savepoint {request_id} of job {jid} requested through the REST API (stop: {stop})");
+    let request_id = status.request_savepoint(dir, kind, true);
+    info!("savepoint {request_id} of job {jid} requested through the REST API ({kind:?})");
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "request-id": request_id })),
@@ -528,17 +528,12 @@ async fn trigger_savepoint(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Path(jid) = jid?;
     let body = json_body(&body?)?;
-    let stop = match body.get("cancel-job") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("cancel-job must be true or false, got {other}"),
-            ))
-        }
+    let kind = if flag(&body, "cancel-job")? {
+        SavepointKind::Stop
+    } else {
+        SavepointKind::Intermediate
     };
-    request_savepoint(&registry, &jid, body.get("target-directory"), stop)
+    request_savepoint(&registry, &jid, body.get("target-directory"), kind)
 }
 
 /// `POST /jobs/:jid/stop` `{"targetDirectory": DIR, "drain": BOOL}`: stop-with-savepoint.
@@ -549,13 +544,24 @@ async fn stop_job(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Path(jid) = jid?;
     let body = json_body(&body?)?;
-    if body.get("drain").is_some_and(|d| d == &Value::Bool(true)) {
-        return Err(ApiError::new(
+    let kind = if flag(&body, "drain")? {
+        SavepointKind::StopAndDrain
+    } else {
+        SavepointKind::Stop
+    };
+    request_savepoint(&registry, &jid, body.get("targetDirectory"), kind)
+}
+
+/// A boolean field of a request body: absent or null is false.
+fn flag(body: &Value, name: &str) -> Result<bool, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "stop with drain is not supported: cairn has no event time to advance to the end yet",
-        ));
+            format!("{name} must be true or false, got {other}"),
+        )),
     }
-    request_savepoint(&registry, &jid, body.get("targetDirectory"), true)
 }
 
 /// `GET /jobs/:jid/savepoints/:rid`: Flink's asynchronous operation result.

@@ -12,7 +12,7 @@ use cairn::api::{Collector, ProcessFunction, StreamEnv};
 use cairn::config::JobConfig;
 use cairn::connectors::{DiscardSink, SequenceSource};
 use cairn::runtime::{
-    run_job, JobError, JobState, JobStatus, RestoreFrom, RunOptions, SavepointState,
+    run_job, JobError, JobState, JobStatus, RestoreFrom, RunOptions, SavepointKind, SavepointState,
 };
 use cairn::state::{OperatorListState, OperatorStateStore};
 use cairn::TaskResult;
@@ -168,7 +168,7 @@ fn run_and_stop(
         assert!(!runner.is_finished(), "the job ended early");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let request = status.request_savepoint(target.to_path_buf(), true, true);
+    let request = status.request_savepoint(target.to_path_buf(), SavepointKind::Stop, true);
     let summary = runner.join().unwrap().expect("the stopped job finishes");
     assert_eq!(status.view().state, JobState::Finished, "{summary:?}");
     let view = status.view();

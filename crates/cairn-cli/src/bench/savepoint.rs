@@ -26,7 +26,7 @@ use cairn::config::{keys, JobConfig};
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::runtime::task::JobMetrics;
 use cairn::runtime::{
-    run_job, JobError, JobState, JobStatus, JobSummary, RunOptions, SavepointState,
+    run_job, JobError, JobState, JobStatus, JobSummary, RunOptions, SavepointKind, SavepointState,
 };
 use cairn::storage::format::{decode, FileKind};
 use cairn::storage::layout::{checkpoint_dir, METADATA_FILE};
@@ -154,9 +154,9 @@ fn measure(key_count: u64, records: u64, dir: &Path) -> Result<Row> {
     let checkpoint_bytes =
         dir_bytes(&checkpoints.join(checkpoint_dir(&checkpoint.job_id, checkpoint.checkpoint_id)))?;
 
-    let request = job
-        .status
-        .request_savepoint(dir.join("savepoints"), false, false);
+    let request =
+        job.status
+            .request_savepoint(dir.join("savepoints"), SavepointKind::Intermediate, false);
     let outcome = job.wait("the savepoint", |status, _| {
         let view = status.view();
         match view
@@ -177,7 +177,8 @@ fn measure(key_count: u64, records: u64, dir: &Path) -> Result<Row> {
     let savepoint_bytes = dir_bytes(savepoint)?;
 
     let stop_requested = Instant::now();
-    job.status.request_savepoint(dir.join("stop"), true, false);
+    job.status
+        .request_savepoint(dir.join("stop"), SavepointKind::Stop, false);
     job.wait("the job to finish after the stop", |status, _| {
         (status.view().state == JobState::Finished).then_some(())
     })?;

@@ -264,6 +264,19 @@ pub struct DataStream<T> {
     _t: PhantomData<fn() -> T>,
 }
 
+/// A stream may feed several operators: each gets every record.
+impl<T> Clone for DataStream<T> {
+    fn clone(&self) -> Self {
+        DataStream {
+            env: self.env.clone(),
+            node: self.node,
+            partition: self.partition.clone(),
+            timestamps: self.timestamps.clone(),
+            _t: PhantomData,
+        }
+    }
+}
+
 impl<T: Data> DataStream<T> {
     fn new(env: StreamEnv, node: usize) -> Self {
         DataStream {

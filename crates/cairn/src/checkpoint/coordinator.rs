@@ -105,6 +105,9 @@ pub struct SavepointRequest {
     /// sinks' output (an intermediate savepoint commits nothing: failover restores from
     /// checkpoints, which must not find output committed after them).
     pub stop: bool,
+    /// With `stop`: the sources send the maximum watermark in front of the barrier, ending
+    /// event time (Flink's `stop --drain`).
+    pub drain: bool,
 }
 
 impl std::fmt::Debug for SavepointRequest {
@@ -113,6 +116,7 @@ impl std::fmt::Debug for SavepointRequest {
             .field("request_id", &self.request_id)
             .field("dir", &self.dir)
             .field("stop", &self.stop)
+            .field("drain", &self.drain)
             .finish()
     }
 }
@@ -426,7 +430,7 @@ impl CheckpointCoordinator {
         // data is left to be processed after the sinks' last pre-commit, savepoints so that
         // they hold no in-flight data and restore at any parallelism.
         let kind = match &savepoint {
-            Some(sp) if sp.stop => BarrierKind::Stop,
+            Some(sp) if sp.stop => BarrierKind::Stop { drain: sp.drain },
             _ if aligned_only => BarrierKind::Aligned,
             _ => self.settings.barrier_kind,
         };

@@ -41,8 +41,9 @@ pub enum BarrierKind {
     Unaligned,
     /// Aligned, and the sources stop reading after it: the barrier of a stop-with-savepoint.
     /// Nothing a source reads after it is emitted, so a job resumed from the savepoint
-    /// continues exactly once.
-    Stop,
+    /// continues exactly once. `drain`: the sources send the maximum watermark in front of it,
+    /// so every event-time timer and window fires and its results are in the savepoint.
+    Stop { drain: bool },
 }
 
 /// Why a subtask declined a checkpoint.

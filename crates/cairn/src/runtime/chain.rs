@@ -556,6 +556,10 @@ pub trait TaskBody: Send {
     fn flush(&mut self) -> TaskResult;
     /// The task's watermark advanced (operator tasks; sources make their own).
     fn watermark(&mut self, watermark: i64) -> TaskResult;
+    /// Sources: event time ends now; sends the maximum watermark (a stop with drain).
+    fn end_event_time(&mut self) -> TaskResult {
+        Err(TaskError::msg("only a source task ends event time"))
+    }
     /// The earliest processing-time timer of the task's operators.
     fn next_processing_timer(&self) -> Option<i64>;
     /// Processing time reached `now_ms`.
@@ -692,6 +696,12 @@ impl<T> SourceBody<T> {
         time: Option<SourceTime<T>>,
         restored_watermark: i64,
     ) -> Self {
+        if restored_watermark == WATERMARK_MAX {
+            tracing::warn!(
+                "source {uid} was restored with event time ended (a savepoint taken with \
+                 drain, or input read to its end): it reads nothing more"
+            );
+        }
         SourceBody {
             uid,
             reader,
@@ -746,6 +756,11 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
             let w = self.watermark;
             self.output(Some(WatermarkOutput::Watermark(w)))?;
         }
+        if self.watermark == WATERMARK_MAX {
+            // Event time ended (restored from a drained stop, or from input read to its
+            // end): nothing read now could be on time, so the input ends here.
+            return Ok((0, SourceStatus::Exhausted));
+        }
         let status = self.reader.poll(&mut self.buf, BATCH_RECORDS_MAX)?;
         let n = self.buf.len();
         let mut decided = None;
@@ -771,15 +786,21 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
             self.chain.push(&mut self.buf)?;
         }
         self.output(decided)?;
-        if status == SourceStatus::Exhausted && self.watermark < WATERMARK_MAX {
+        if status == SourceStatus::Exhausted {
             // A bounded source ends with the maximum watermark, before the final checkpoint,
             // so that every event-time result is in it.
-            if let Some(time) = &mut self.time {
-                time.watermarks.end();
-            }
-            self.output(Some(WatermarkOutput::Watermark(WATERMARK_MAX)))?;
+            self.end_event_time()?;
         }
         Ok((n, status))
+    }
+    fn end_event_time(&mut self) -> TaskResult {
+        if self.watermark == WATERMARK_MAX {
+            return Ok(());
+        }
+        if let Some(time) = &mut self.time {
+            time.watermarks.end();
+        }
+        self.output(Some(WatermarkOutput::Watermark(WATERMARK_MAX)))
     }
     fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
         let splits = self.reader.snapshot()?;

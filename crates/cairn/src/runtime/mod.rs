@@ -23,5 +23,6 @@ pub use job::{
     RunOptions,
 };
 pub use status::{
-    JobCommand, JobState, JobStatus, JobStatusView, SavepointState, SavepointStatus, VertexView,
+    JobCommand, JobState, JobStatus, JobStatusView, SavepointKind, SavepointState, SavepointStatus,
+    VertexView,
 };

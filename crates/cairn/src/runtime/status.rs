@@ -79,14 +79,33 @@ pub struct SavepointStatus {
     pub reported: bool,
 }
 
+/// What a requested savepoint is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavepointKind {
+    /// The job goes on running.
+    Intermediate,
+    /// Stop-with-savepoint: the sources stop at its barrier and the job ends.
+    Stop,
+    /// Stop-with-savepoint after the maximum watermark (Flink's `stop --drain`): every
+    /// event-time timer and window fires before the savepoint, ending event time for good.
+    StopAndDrain,
+}
+
+impl SavepointKind {
+    /// The job ends with this savepoint.
+    pub fn stops(self) -> bool {
+        self != SavepointKind::Intermediate
+    }
+}
+
 /// A request to the job master from outside it (REST API, command line, signal handler).
 #[derive(Debug, Clone)]
 pub enum JobCommand {
-    /// Take a savepoint under `target_dir`; `stop`: then end the job (stop-with-savepoint).
+    /// Take a savepoint of `kind` under `target_dir`.
     Savepoint {
         request_id: String,
         target_dir: PathBuf,
-        stop: bool,
+        kind: SavepointKind,
     },
 }
 
@@ -228,16 +247,21 @@ impl JobStatus {
         self.completed_seen.store(n, Ordering::Release);
     }
 
-    /// Asks the job master for a savepoint under `target_dir` (and then to stop, when `stop`);
-    /// returns the request id to follow it by ([`JobStatusView::savepoints`]).
+    /// Asks the job master for a savepoint of `kind` under `target_dir`; returns the request
+    /// id to follow it by ([`JobStatusView::savepoints`]).
     /// `watched`: a client will fetch the outcome ([`JobStatus::savepoint_reported`]), so an
     /// embedded run keeps answering until it did.
-    pub fn request_savepoint(&self, target_dir: PathBuf, stop: bool, watched: bool) -> String {
+    pub fn request_savepoint(
+        &self,
+        target_dir: PathBuf,
+        kind: SavepointKind,
+        watched: bool,
+    ) -> String {
         let request_id = new_request_id();
         self.update(|v| {
             v.savepoints.push(SavepointStatus {
                 request_id: request_id.clone(),
-                stop,
+                stop: kind.stops(),
                 state: SavepointState::InProgress,
                 watched,
                 reported: false,
@@ -246,7 +270,7 @@ impl JobStatus {
         let command = JobCommand::Savepoint {
             request_id: request_id.clone(),
             target_dir,
-            stop,
+            kind,
         };
         match self.commands.lock() {
             Ok(mut c) => c.push(command),

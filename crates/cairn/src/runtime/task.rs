@@ -381,6 +381,8 @@ impl TaskRuntime {
         let mut exhausted = false;
         // Restored at a completed stop-with-savepoint: no checkpoint id resumes it.
         let mut stopped: Option<u64> = self.stopped.then_some(0);
+        // The stop it waits at sent the maximum watermark.
+        let mut drained = false;
         let mut idle_until: Option<Instant> = None;
         loop {
             let timer = self.body.next_processing_timer();
@@ -422,10 +424,27 @@ impl TaskRuntime {
                 // Stop-with-savepoint: after its barrier the source reads nothing more, unless
                 // the savepoint fails.
                 let stop_at = match &mail {
-                    Mail::TriggerCheckpoint(b, BarrierKind::Stop) => Some(b.id),
+                    Mail::TriggerCheckpoint(b, BarrierKind::Stop { drain }) => {
+                        if *drain {
+                            // In front of the barrier: every event-time result is in the
+                            // savepoint.
+                            self.body.end_event_time()?;
+                            drained = true;
+                        }
+                        Some(b.id)
+                    }
                     _ => None,
                 };
                 let resumed = matches!(&mail, Mail::CheckpointAborted(id) if stopped == Some(*id));
+                if resumed && drained {
+                    // Event time has ended and cannot go back: the job must not go on from
+                    // here. A restart restores the last checkpoint, from before the drain.
+                    return Err(TaskError::msg(format!(
+                        "stop-with-savepoint {} failed after the sources drained event time; \
+                         restarting from the last checkpoint",
+                        stopped.unwrap_or_default()
+                    )));
+                }
                 if self.control(&mut gate, mail)? {
                     return self.finish(&mut gate);
                 }

@@ -321,4 +321,17 @@ mod tests {
     fn finds_timers_lost_at_a_restore() {
         finds(Planted::TimersLost, &Mode::ALL, 2_000);
     }
+
+    /// A stop with drain sends the maximum watermark in front of its barrier, so that every
+    /// window's result is in the savepoint.
+    #[test]
+    fn finds_a_drain_sent_after_the_stop_barrier() {
+        finds(Planted::DrainAfterBarrier, &Mode::ALL, 2_000);
+    }
+
+    /// Event time that a stop drained stays ended: a resumed source reads nothing more.
+    #[test]
+    fn finds_a_drained_source_that_reads_on() {
+        finds(Planted::DrainedSourceReadsOn, &Mode::ALL, 2_000);
+    }
 }

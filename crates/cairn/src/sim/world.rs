@@ -43,6 +43,7 @@ use crate::runtime::master::{MasterAction, MasterCore, MasterFlaw, Outcome as Jo
 use crate::runtime::restart::RestartTracker;
 use crate::runtime::task::JobEvent;
 use crate::runtime::watermark::{WatermarkOutput, WatermarkValve};
+use crate::runtime::SavepointKind;
 use crate::state::Timers;
 use crate::storage::layout::{checkpoint_dir, metadata_path};
 use crate::storage::{CheckpointStorage, MemoryStorage};
@@ -121,6 +122,10 @@ pub(crate) enum Planted {
     WatermarkMax,
     /// Timers are not restored with the counters' state.
     TimersLost,
+    /// A drained stop sends the maximum watermark after its barrier instead of in front.
+    DrainAfterBarrier,
+    /// A source restored from a drained stop reads on as if event time had not ended.
+    DrainedSourceReadsOn,
 }
 
 /// Event time of the records: a record's time is its position in its source; windows are this
@@ -155,8 +160,9 @@ pub(crate) struct Outcome {
 /// A task's state in a checkpoint.
 #[derive(Debug, Clone)]
 pub(crate) enum State {
-    /// Read position.
-    Source(usize),
+    /// Read position, and whether a stop drained event time (the real source keeps the
+    /// maximum watermark it sent).
+    Source(usize, bool),
     /// Count per key, count per key and window, event-time timers (key, time).
     Counter(
         BTreeMap<u64, u64>,
@@ -187,6 +193,11 @@ enum Body {
         /// Stopped at this stop-with-savepoint barrier: it reads nothing more unless the
         /// savepoint is aborted.
         stopped: Option<u64>,
+        /// A stop drained event time (sent the maximum watermark in front of its barrier):
+        /// it stays ended, also in the state, as the real source's restored watermark does.
+        drained: bool,
+        /// Restored drained: at its first poll it reads nothing and ends its input.
+        announce: bool,
     },
     Counter {
         counts: BTreeMap<u64, u64>,
@@ -281,8 +292,8 @@ enum Choice {
     FailTask(usize),
     LoseWorker(u32),
     Crash,
-    /// A user asks for a savepoint (`true`: stop-with-savepoint).
-    Savepoint(bool),
+    /// A user asks for a savepoint.
+    Savepoint(SavepointKind),
 }
 
 pub(crate) struct World {
@@ -319,10 +330,10 @@ pub(crate) struct World {
     savepoints_left: u32,
     /// Where savepoints go; survives everything.
     savepoint_target: MemoryStorage,
-    /// Savepoint requests: request id → (directory, stop).
-    savepoint_requests: BTreeMap<String, (String, bool)>,
+    /// Savepoint requests: request id → (directory, kind).
+    savepoint_requests: BTreeMap<String, (String, SavepointKind)>,
     /// The stop-with-savepoint the current process completed: the job ends, and is resumed
-    /// from it.
+    /// from it (unless it drained event time: then the job is over for good).
     stopped_at: Option<(u64, String)>,
     /// Restarts of earlier processes (the current master counts its own).
     process_restarts: u32,
@@ -653,22 +664,22 @@ impl World {
             self.violate("a checkpoint failed in a run that tolerates none".into());
         }
         for (request, outcome) in self.master.drain_savepoint_outcomes() {
-            let Some((dir, stop)) = self.savepoint_requests.get(&request).cloned() else {
+            let Some((dir, kind)) = self.savepoint_requests.get(&request).cloned() else {
                 return self.violate(format!(
                     "an outcome for unknown savepoint request {request}"
                 ));
             };
             if let SavepointOutcome::Completed { id, .. } = outcome {
-                self.count(if stop {
-                    "stop savepoints"
-                } else {
-                    "savepoints"
+                self.count(match kind {
+                    SavepointKind::Intermediate => "savepoints",
+                    SavepointKind::Stop => "stop savepoints",
+                    SavepointKind::StopAndDrain => "drained stop savepoints",
                 });
                 let path = format!("{dir}/_metadata");
                 if !self.savepoint_target.exists(&path).unwrap_or(false) {
                     return self.violate(format!("savepoint {id} completed without {path}"));
                 }
-                if stop {
+                if kind.stops() {
                     self.stopped_at = Some((id, dir));
                 }
             }
@@ -702,17 +713,18 @@ impl World {
     }
 
     /// The user asks for a savepoint.
-    fn request_savepoint(&mut self, stop: bool) {
+    fn request_savepoint(&mut self, kind: SavepointKind) {
         let n = self.savepoint_requests.len();
         let request_id = format!("request-{n}");
         let dir = format!("savepoint-{n}");
         self.savepoint_requests
-            .insert(request_id.clone(), (dir.clone(), stop));
+            .insert(request_id.clone(), (dir.clone(), kind));
         self.master.request_savepoint(SavepointRequest {
             request_id,
             target: Arc::new(self.savepoint_target.clone()),
             dir,
-            stop,
+            stop: kind.stops(),
+            drain: kind == SavepointKind::StopAndDrain,
         });
         let at = self.now().at;
         self.master.poll(at);
@@ -808,15 +820,23 @@ impl World {
     fn new_task(&mut self, t: usize, attempt: u32, snap: Option<Snap>) -> Task {
         let state = snap.as_ref().map(|s| s.state.clone());
         let body = if is_source(t) {
-            let pos = match state {
-                Some(State::Source(p)) => p,
-                _ => 0,
+            let (pos, drained) = match state {
+                Some(State::Source(p, d)) => (p, d),
+                _ => (0, false),
             };
+            let reads_on = self.cfg.planted == Some(Planted::DrainedSourceReadsOn);
+            if drained && !reads_on {
+                // Event time ended: the source reads nothing more (as the real one, restored
+                // with the maximum watermark), so the job's input ends here.
+                self.input[t].truncate(pos);
+            }
             Body::Source {
                 keys: self.input[t].clone(),
                 pos,
                 exhausted: false,
                 stopped: None,
+                drained,
+                announce: drained && !reads_on,
             }
         } else if is_counter(t) {
             let (counts, windows, restored_timers) = match state {
@@ -1044,6 +1064,18 @@ impl World {
         }
     }
 
+    /// A source read its input to the end: the maximum watermark, then it waits for the
+    /// final checkpoint.
+    fn end_source_input(&mut self, s: usize) {
+        self.send_watermark(s, i64::MAX);
+        for out in 0..self.outputs[s].len() {
+            self.flush_partial(s, out, FlushCredit::Wait);
+        }
+        let attempt = self.tasks[s].attempt;
+        self.events
+            .push_back(JobEvent::SourceExhausted { attempt, task: s });
+    }
+
     fn end_stream(&mut self, task: usize) {
         self.tasks[task].ended = true;
         for out in 0..self.outputs[task].len() {
@@ -1057,7 +1089,7 @@ impl World {
         let commit_now = self.cfg.planted == Some(Planted::CommitAtPreCommit);
         let txn = (id, self.tasks[task].attempt);
         match &mut self.tasks[task].body {
-            Body::Source { pos, .. } => State::Source(*pos),
+            Body::Source { pos, drained, .. } => State::Source(*pos, *drained),
             Body::Counter {
                 counts,
                 windows,
@@ -1173,7 +1205,20 @@ impl World {
     /// The task fails; now and then in a way no restart can fix (restored state the job cannot
     /// read), which must end the job at once.
     fn fail_task(&mut self, task: usize) {
-        let unrecoverable = self.rng.u32(0..4) == 0;
+        let error = if self.rng.u32(0..4) == 0 {
+            TaskError::Unrecoverable("simulated unreadable state".into())
+        } else {
+            TaskError::msg("simulated task failure")
+        };
+        self.fail_with(task, error);
+    }
+
+    /// The task fails with a cause a restart fixes.
+    fn fail_recoverably(&mut self, task: usize, cause: &str) {
+        self.fail_with(task, TaskError::msg(cause));
+    }
+
+    fn fail_with(&mut self, task: usize, error: TaskError) {
         let t = &mut self.tasks[task];
         if !t.failed {
             t.failed = true;
@@ -1181,12 +1226,27 @@ impl World {
             self.events.push_back(JobEvent::Exited {
                 attempt,
                 task,
-                result: Err(if unrecoverable {
-                    TaskError::Unrecoverable("simulated unreadable state".into())
-                } else {
-                    TaskError::msg("simulated task failure")
-                }),
+                result: Err(error),
             });
+        }
+    }
+
+    /// A source at a stop-with-savepoint barrier: it reads nothing more after it, and with
+    /// `drain` sends the maximum watermark in front of it.
+    fn stop_source(&mut self, t: usize, id: u64, drain: bool) {
+        let Body::Source {
+            stopped,
+            drained,
+            exhausted,
+            ..
+        } = &mut self.tasks[t].body
+        else {
+            return;
+        };
+        *stopped = Some(id);
+        *drained = drain;
+        if drain && !*exhausted {
+            self.send_watermark(t, i64::MAX);
         }
     }
 
@@ -1446,7 +1506,11 @@ impl World {
             return None;
         }
         self.savepoints_left -= 1;
-        Some(Choice::Savepoint(self.rng.u32(0..3) == 0))
+        Some(Choice::Savepoint(match self.rng.u32(0..6) {
+            0 | 1 => SavepointKind::Stop,
+            2 => SavepointKind::StopAndDrain,
+            _ => SavepointKind::Intermediate,
+        }))
     }
 
     pub(crate) fn run(mut self) -> Outcome {
@@ -1560,7 +1624,7 @@ impl World {
             }
             Choice::LoseWorker(hosted) => self.lose_worker(hosted),
             Choice::Crash => self.new_process("crashes"),
-            Choice::Savepoint(stop) => self.request_savepoint(stop),
+            Choice::Savepoint(kind) => self.request_savepoint(kind),
         }
         for t in 0..TASKS {
             if self.tasks[t].gate.deadline().is_some_and(|d| d <= now.at) && self.runnable(t) {
@@ -1604,6 +1668,20 @@ impl World {
     }
 
     fn poll(&mut self, s: usize) {
+        if let Body::Source {
+            announce,
+            exhausted,
+            ..
+        } = &mut self.tasks[s].body
+        {
+            if std::mem::take(announce) {
+                // Restored after a drain: event time ended, so its input did.
+                *exhausted = true;
+                self.count("sources restored drained");
+                self.end_source_input(s);
+                return;
+            }
+        }
         let n = self.rng.usize(1..=3);
         let Body::Source {
             keys,
@@ -1632,29 +1710,23 @@ impl World {
         // Watermarks now and then, and the maximum one at the end (before the final
         // checkpoint, as a real source does).
         if now_exhausted {
-            self.send_watermark(s, i64::MAX);
+            self.end_source_input(s);
         } else if end > 0 && self.rng.bool() {
             self.send_watermark(s, end as i64 - 1);
-        }
-        if now_exhausted {
-            for out in 0..self.outputs[s].len() {
-                self.flush_partial(s, out, FlushCredit::Wait);
-            }
-            let attempt = self.tasks[s].attempt;
-            self.events
-                .push_back(JobEvent::SourceExhausted { attempt, task: s });
         }
     }
 
     fn control(&mut self, t: usize, c: Control) {
         match c {
             Control::Trigger(b, kind) => {
+                let late_drain = self.cfg.planted == Some(Planted::DrainAfterBarrier);
+                if let BarrierKind::Stop { drain } = kind {
+                    self.stop_source(t, b.id, drain && !late_drain);
+                }
                 let actions = self.tasks[t].gate.on_trigger(b, kind);
                 self.act_all(t, actions);
-                if let (Body::Source { stopped, .. }, BarrierKind::Stop) =
-                    (&mut self.tasks[t].body, kind)
-                {
-                    *stopped = Some(b.id);
+                if late_drain && kind == (BarrierKind::Stop { drain: true }) {
+                    self.stop_source(t, b.id, true);
                 }
             }
             Control::Complete(id) => {
@@ -1664,10 +1736,21 @@ impl World {
             Control::Aborted(id) => {
                 let actions = self.tasks[t].gate.on_abort(id);
                 self.act_all(t, actions);
-                if let Body::Source { stopped, .. } = &mut self.tasks[t].body {
+                let mut failed = false;
+                if let Body::Source {
+                    stopped, drained, ..
+                } = &mut self.tasks[t].body
+                {
                     if *stopped == Some(id) {
                         *stopped = None;
+                        // Event time cannot go back: the source fails, and the job restarts
+                        // from its last checkpoint (as the real source task does).
+                        failed = std::mem::take(drained);
                     }
+                }
+                if failed {
+                    self.count("drained stops aborted");
+                    self.fail_recoverably(t, "a drained stop-with-savepoint was aborted");
                 }
             }
             Control::EndOfInput => {

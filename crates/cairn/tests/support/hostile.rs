@@ -115,7 +115,7 @@ pub mod seeds {
                 job_id: "job-1".into(),
                 attempt: 1,
                 task: 0,
-                mail: ControlMail::Trigger(barrier(4), BarrierKind::Stop),
+                mail: ControlMail::Trigger(barrier(4), BarrierKind::Stop { drain: true }),
             },
             ToWorker::Mail {
                 job_id: "job-1".into(),

@@ -29,7 +29,7 @@ use super::graph::JobGraph;
 use super::job::{JobError, Progress, ProgressFn};
 use super::operators::{SinkOwner, SINK_PENDING_STATE};
 use super::restart::RestartTracker;
-use super::status::{JobCommand, JobState, JobStatus, SavepointState};
+use super::status::{JobCommand, JobState, JobStatus, SavepointKind, SavepointState};
 use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CompletedCheckpoint, TaskInfo};
 use crate::checkpoint::{
@@ -231,9 +231,9 @@ impl<'a> JobMaster<'a> {
                 JobCommand::Savepoint {
                     request_id,
                     target_dir,
-                    stop,
+                    kind,
                 } => {
-                    match savepoint_request(&request_id, &target_dir, self.deployer.job_id, stop) {
+                    match savepoint_request(&request_id, &target_dir, self.deployer.job_id, kind) {
                         Ok(request) => self.core.request_savepoint(request),
                         Err(cause) => self
                             .status
@@ -428,7 +428,7 @@ fn savepoint_request(
     request_id: &str,
     target_dir: &Path,
     job_id: &str,
-    stop: bool,
+    kind: SavepointKind,
 ) -> Result<SavepointRequest, String> {
     std::fs::create_dir_all(target_dir).map_err(|e| {
         format!(
@@ -450,7 +450,8 @@ fn savepoint_request(
         request_id: request_id.to_string(),
         target: Arc::new(target),
         dir,
-        stop,
+        stop: kind.stops(),
+        drain: kind == SavepointKind::StopAndDrain,
     })
 }
 
