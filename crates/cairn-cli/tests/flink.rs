@@ -364,8 +364,8 @@ fn flink_cli_takes_disposes_and_stops_with_savepoints() {
     assert!(status.success(), "a stopped job ends FINISHED: {stderr}");
 }
 
-/// Flink's `savepoint`, `savepoint -d` and `stop` drive savepoints of a coordinator's job,
-/// whose job master runs in the coordinator and whose subtasks run on a worker.
+/// Flink's `savepoint`, `savepoint -d` and `stop --drain` drive savepoints of a coordinator's
+/// job, whose job master runs in the coordinator and whose subtasks run on a worker.
 #[test]
 fn flink_cli_takes_disposes_and_stops_with_savepoints_of_a_coordinator() {
     let flink = Flink::new(None);
@@ -389,10 +389,11 @@ fn flink_cli_takes_disposes_and_stops_with_savepoints_of_a_coordinator() {
     assert!(!taken.exists(), "the savepoint was deleted");
 
     let last = dir.path().join("final");
+    // With drain (`-d`): the sources on the worker send the maximum watermark first.
     let stopped = savepoint_path(&flink.cli(
         "stop",
         rest,
-        &["--savepointPath", &last.display().to_string(), &jid],
+        &["--drain", "--savepointPath", &last.display().to_string(), &jid],
     ));
     assert!(stopped.starts_with(&last), "{}", stopped.display());
     wait_for_state(rest, &jid, "FINISHED");
