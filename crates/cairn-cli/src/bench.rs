@@ -529,8 +529,8 @@ const NEXMARK_EVENTS_DEFAULT: u64 = 20_000_000;
 /// missed).
 const RSS_POLL: Duration = Duration::from_millis(10);
 
-/// Flink 2.x's per-core Nexmark throughput in events/s, as nexmark/nexmark publishes it; the
-/// queries the nexmark job does not offer yet are here for when it does.
+/// Flink 2.x's per-core Nexmark throughput in events/s, as nexmark/nexmark publishes it, for
+/// the queries the nexmark job offers.
 const FLINK_EVENTS_PER_S_PER_CORE: &[(&str, f64)] = &[
     ("q0", 379_000.0),
     ("q1", 395_000.0),

@@ -43,7 +43,7 @@ pub struct RunArgs {
     /// emitted as fast as possible) [default: 10000].
     #[arg(long, value_name = "N")]
     rate: Option<u64>,
-    /// nexmark: the query to run (q0, q1, q2, q3).
+    /// nexmark: the query to run (q0, q1, q2, q3, q4, q5, q7, q8, q11, q12).
     #[arg(long, value_name = "QUERY")]
     query: Option<String>,
     /// nexmark: generate N events (persons, auctions and bids, 1:3:46).
@@ -642,7 +642,7 @@ mod tests {
         let refused = |args: &[&str]| submitted(args).err().unwrap_or_default();
         assert_eq!(
             refused(&["--query", "q9", "--events", "5"]),
-            "nexmark query 'q9' is not available yet; available queries: q0, q1, q2, q3, q5, q7, q8, q11"
+            "nexmark query 'q9' is not available yet; available queries: q0, q1, q2, q3, q4, q5, q7, q8, q11, q12"
         );
         assert_eq!(refused(&["--query", "q1"]), "nexmark needs --events N");
     }

@@ -1,10 +1,12 @@
 //! The `nexmark` job end to end: for each query, the committed output of `cairn run nexmark`
 //! is the reference computed here from the generator (the same multiset of lines at every
-//! parallelism), also through injected failures; bad flags are one-line errors.
+//! parallelism), also through injected failures; bad flags are one-line errors. q12's windows
+//! follow the wall clock, so its lines differ from run to run: there each bidder's counts must
+//! sum to its bids, in well-formed windows that no bidder has twice.
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::process::Command;
 
@@ -77,6 +79,7 @@ fn reference(query: &str, events: u64, seed: u64) -> Vec<String> {
                 }
             }
         }
+        "q4" => lines = q4_reference(&generator, events),
         other => panic!("no reference for {other}"),
     }
     assert!(
@@ -215,7 +218,7 @@ fn refused(args: &[&str]) -> String {
 
 #[test]
 fn bad_nexmark_flags_are_one_line_errors() {
-    let available = "available queries: q0, q1, q2, q3, q5, q7, q8, q11";
+    let available = "available queries: q0, q1, q2, q3, q4, q5, q7, q8, q11, q12";
     let e = refused(&["run", "nexmark", "--events", "10", "--discard"]);
     assert!(
         e.contains("nexmark needs --query") && e.contains(available),
@@ -226,10 +229,10 @@ fn bad_nexmark_flags_are_one_line_errors() {
         e,
         format!("error: unknown nexmark query 'q42'; {available}")
     );
-    let e = refused(&["run", "nexmark", "--query", "q4", "--events", "10"]);
+    let e = refused(&["run", "nexmark", "--query", "q6", "--events", "10"]);
     assert_eq!(
         e,
-        format!("error: nexmark query 'q4' is not available yet; {available}")
+        format!("error: nexmark query 'q6' is not available yet; {available}")
     );
     let e = refused(&["run", "nexmark", "--query", "q0"]);
     assert_eq!(e, "error: nexmark needs --events N");
@@ -538,4 +541,189 @@ fn q11_sessions_rescaled_from_2_to_3_through_a_savepoint_stay_exactly_once() {
 #[test]
 fn q5_hot_items_rescaled_from_3_to_2_through_a_savepoint_stay_exactly_once() {
     rescaled_through_a_savepoint("q5", 3, 2, 12);
+}
+
+/// q4's lines for events `0..events`: per category and distinct `expires` of its closed
+/// auctions, the truncated average of the final prices of those closed by then. An auction's
+/// final price is its highest bid with a date_time between the auction's and its expires; an
+/// auction without one has none.
+fn q4_reference(generator: &NexmarkGenerator, events: u64) -> Vec<String> {
+    // Auction id → (category, date_time, expires, highest bid in bounds).
+    let mut auctions: HashMap<i64, (i64, i64, i64, Option<i64>)> = HashMap::new();
+    let mut bids = Vec::new();
+    for n in 0..events {
+        match generator.event(n) {
+            NexmarkEvent::Auction(a) => {
+                auctions.insert(a.id, (a.category, a.date_time, a.expires, None));
+            }
+            NexmarkEvent::Bid(b) => bids.push(b),
+            NexmarkEvent::Person(_) => {}
+        }
+    }
+    let mut early_or_late = 0;
+    for b in bids {
+        match auctions.get_mut(&b.auction) {
+            Some((_, opens, closes, best)) if (*opens..=*closes).contains(&b.date_time) => {
+                *best = Some(best.map_or(b.price, |p| p.max(b.price)));
+            }
+            _ => early_or_late += 1,
+        }
+    }
+    assert!(
+        early_or_late > 0,
+        "every bid is in bounds: the test would prove less"
+    );
+    // Category → expires → (sum, count) of the final prices of the auctions closing then.
+    let mut closing: BTreeMap<i64, BTreeMap<i64, (i128, i128)>> = BTreeMap::new();
+    for (category, _, expires, best) in auctions.into_values() {
+        if let Some(price) = best {
+            let at = closing
+                .entry(category)
+                .or_default()
+                .entry(expires)
+                .or_default();
+            at.0 += i128::from(price);
+            at.1 += 1;
+        }
+    }
+    let mut lines = Vec::new();
+    for (category, by_expires) in closing {
+        let (mut sum, mut count) = (0, 0);
+        for (s, c) in by_expires.into_values() {
+            sum += s;
+            count += c;
+            lines.push(format!("{category}\t{}", sum / count));
+        }
+    }
+    lines
+}
+
+#[test]
+fn q4_averages_the_closed_auctions_of_each_category_at_parallelism_1_2_3() {
+    matches_the_reference_at_every_parallelism("q4");
+}
+
+#[test]
+fn q4_with_injected_failures_commits_exactly_the_reference() {
+    let (p, seed) = (2, 13);
+    let expected = reference("q4", TIMED_EVENTS, seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let run = run_ok(
+        nexmark("q4", TIMED_EVENTS, seed, p, &out)
+            .arg("--checkpoint-dir")
+            .arg(tmp.path().join("ck"))
+            .args(["--checkpoint-interval", "50ms"])
+            .args(["--inject-failures", "3"])
+            .args(RESTART_FAST),
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains(", 3 restarts, 3/3 injected failures"),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("restoring regions") && l.contains(" from checkpoint ")),
+        "no failure restored from a checkpoint: they all came before the first one\n{stderr}"
+    );
+    assert_no_leftovers(&out);
+    let got = committed(&out);
+    assert!(
+        got == expected,
+        "q4 p={p}: {} lines committed, {} expected",
+        got.len(),
+        expected.len()
+    );
+}
+
+#[test]
+fn q4_sigkilled_and_resumed_commits_exactly_the_output_of_an_undisturbed_run() {
+    killed_and_resumed("q4", 2, 14);
+}
+
+/// Each bidder's number of bids among events `0..events`.
+fn bids_per_bidder(events: u64, seed: u64) -> HashMap<i64, u64> {
+    let generator = NexmarkGenerator::new(seed, RATE);
+    let mut counts = HashMap::new();
+    for n in (0..events).filter(|&n| EventKind::of(n) == EventKind::Bid) {
+        if let NexmarkEvent::Bid(b) = generator.event(n) {
+            *counts.entry(b.bidder).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// q12's committed lines depend on the wall clock; what must hold: every line is a 10 s
+/// window aligned to 10 s, no bidder has a window twice, and each bidder's counts sum to its
+/// bids.
+fn assert_q12_counts_every_bid_once(out: &Path, events: u64, seed: u64, what: &str) {
+    let mut per_bidder: HashMap<i64, u64> = HashMap::new();
+    let mut windows = HashSet::new();
+    let lines = committed(out);
+    for line in &lines {
+        let fields: Vec<i64> = line
+            .split('\t')
+            .map(|f| {
+                f.parse()
+                    .unwrap_or_else(|e| panic!("{what}: {line:?}: {e}"))
+            })
+            .collect();
+        let [bidder, count, start, end] = fields[..] else {
+            panic!("{what}: not 4 columns: {line:?}");
+        };
+        assert_eq!(end - start, 10_000, "{what}: {line:?}");
+        assert_eq!(start % 10_000, 0, "{what}: {line:?}");
+        assert!(count > 0, "{what}: {line:?}");
+        assert!(
+            windows.insert((bidder, start)),
+            "{what}: bidder {bidder} has the window at {start} twice"
+        );
+        *per_bidder.entry(bidder).or_default() += count as u64;
+    }
+    let expected = bids_per_bidder(events, seed);
+    assert_eq!(per_bidder.len(), expected.len(), "{what}: bidders");
+    for (bidder, n) in &expected {
+        assert_eq!(per_bidder.get(bidder), Some(n), "{what}: bidder {bidder}");
+    }
+}
+
+#[test]
+fn q12_counts_every_bid_of_every_bidder_once_at_parallelism_1_and_3() {
+    for p in [1, 3] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        run_ok(&mut nexmark("q12", EVENTS, SEED, p, &out));
+        assert_no_leftovers(&out);
+        assert_q12_counts_every_bid_once(&out, EVENTS, SEED, &format!("p={p}"));
+    }
+}
+
+#[test]
+fn q12_with_injected_failures_counts_every_bid_of_every_bidder_once() {
+    let (p, seed) = (2, 15);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let run = run_ok(
+        nexmark("q12", TIMED_EVENTS, seed, p, &out)
+            .arg("--checkpoint-dir")
+            .arg(tmp.path().join("ck"))
+            .args(["--checkpoint-interval", "50ms"])
+            .args(["--inject-failures", "3"])
+            .args(RESTART_FAST),
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains(", 3 restarts, 3/3 injected failures"),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("restoring regions") && l.contains(" from checkpoint ")),
+        "no failure restored from a checkpoint: they all came before the first one\n{stderr}"
+    );
+    assert_no_leftovers(&out);
+    assert_q12_counts_every_bid_once(&out, TIMED_EVENTS, seed, "with failures");
 }

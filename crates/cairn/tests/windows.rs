@@ -643,3 +643,143 @@ fn a_record_within_the_allowed_lateness_fires_its_window_again() {
     expected.sort();
     assert_eq!(got, expected);
 }
+
+/// A processing-time window's row: (key, window start, window end, records).
+type Counted = (u64, i64, i64, u64);
+
+/// Every record of `0..n` (made by `rec`) is in exactly one row, each row is a window of `size`
+/// ms aligned to a multiple of it, and no key has a window twice.
+fn counted_once(rows: &[Counted], n: u64, size: i64) {
+    let mut per_key: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut windows = std::collections::BTreeSet::new();
+    for &(k, start, end, count) in rows {
+        assert_eq!(end - start, size, "{k}: [{start}, {end})");
+        assert_eq!(start.rem_euclid(size), 0, "{k}: [{start}, {end})");
+        assert!(
+            windows.insert((k, start)),
+            "key {k} has window {start} twice"
+        );
+        *per_key.entry(k).or_default() += count;
+    }
+    let mut expected: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in (0..n).map(rec) {
+        *expected.entry(r.0).or_default() += 1;
+    }
+    assert_eq!(per_key, expected);
+}
+
+fn processing_time_counts(n: u64, rate: u64, size: Duration, parallelism: u32) -> Vec<Counted> {
+    run(
+        |env, out| {
+            env.source(SequenceSource::new(n, rate, rec))
+                .uid("source")
+                .key_by(|r: &Rec| r.0)
+                .window(WindowAssigner::tumbling(size).on_processing_time())
+                .aggregate_process(
+                    SumCount,
+                    |k: &u64, w: TimeWindow, r: (u64, u64), out: &mut Collector<Counted>| {
+                        out.collect((*k, w.start, w.end, r.1))
+                    },
+                )
+                .uid("window")
+                .sink(out)
+                .uid("sink");
+        },
+        parallelism,
+    )
+}
+
+#[test]
+fn processing_time_windows_count_every_record_once_and_the_open_ones_fire_at_end_of_input() {
+    // Windows of an hour: the wall clock closes none of them while the job runs (but when
+    // the run straddles the hour: then a key may have two), so they fire when the input ends.
+    let hour = processing_time_counts(20_000, 0, Duration::from_secs(3600), 2);
+    assert!(hour.len() as u64 >= KEYS, "{hour:?}");
+    counted_once(&hour, 20_000, 3_600_000);
+    // Windows of 50 ms over a run throttled to half a second: the wall clock fires most of
+    // them while records keep coming, end of input the last ones.
+    let short = processing_time_counts(10_000, 20_000, Duration::from_millis(50), 3);
+    assert!(
+        short.len() as u64 > 2 * KEYS,
+        "the wall clock fired no window: {short:?}"
+    );
+    counted_once(&short, 10_000, 50);
+}
+
+/// A timer's row: (key, records counted, whether it was a processing-time timer).
+type Fired = (u64, u64, bool);
+const PROCESSING: bool = true;
+
+/// Counts each key's records and, at its first one, registers a processing-time timer an hour
+/// ahead, which only the end of the input fires: it emits the count and registers an
+/// event-time timer at the watermark (the maximum by then), which emits the count again.
+#[derive(Clone, Default)]
+struct CountUntilEndOfInput {
+    count: Option<ValueState<u64>>,
+}
+
+impl KeyedProcessFunction<u64, Rec, Fired> for CountUntilEndOfInput {
+    fn open(&mut self, ctx: &mut KeyedContext<u64>) -> TaskResult {
+        self.count = Some(ctx.value_state("count")?);
+        Ok(())
+    }
+    fn process(
+        &mut self,
+        _r: Rec,
+        ctx: &mut KeyedContext<u64>,
+        _out: &mut Collector<Fired>,
+    ) -> TaskResult {
+        let now = ctx.current_processing_time();
+        let count = self.count.as_ref().unwrap().get_mut(ctx, || 0)?;
+        *count += 1;
+        if *count == 1 {
+            ctx.register_processing_time_timer(now + 3_600_000)?;
+        }
+        Ok(())
+    }
+    fn on_timer(
+        &mut self,
+        _time: i64,
+        domain: TimeDomain,
+        ctx: &mut KeyedContext<u64>,
+        out: &mut Collector<Fired>,
+    ) -> TaskResult {
+        let key = *ctx.current_key().unwrap();
+        let count = *self.count.as_ref().unwrap().value(ctx)?.unwrap();
+        match domain {
+            TimeDomain::ProcessingTime => {
+                out.collect((key, count, PROCESSING));
+                let watermark = ctx.current_watermark();
+                ctx.register_event_time_timer(watermark)
+            }
+            TimeDomain::EventTime => {
+                out.collect((key, count, !PROCESSING));
+                Ok(())
+            }
+        }
+    }
+}
+
+#[test]
+fn processing_time_timers_of_a_bounded_job_fire_at_end_of_input() {
+    let n = 5_000;
+    let got = run(
+        |env, out| {
+            env.source(SequenceSource::new(n, 0, rec))
+                .uid("source")
+                .key_by(|r: &Rec| r.0)
+                .process(CountUntilEndOfInput::default())
+                .uid("count")
+                .sink(out)
+                .uid("sink");
+        },
+        2,
+    );
+    let mut expected = Vec::new();
+    for k in 0..KEYS {
+        let count = (0..n).filter(|i| i % KEYS == k).count() as u64;
+        expected.push((k, count, !PROCESSING));
+        expected.push((k, count, PROCESSING));
+    }
+    assert_eq!(got, expected);
+}

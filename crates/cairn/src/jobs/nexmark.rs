@@ -13,6 +13,11 @@
 //!   persons and auctions come from two sources that generate only their kind, the same
 //!   events as in the single stream.
 //!
+//! - `q4` average price for a category: per category, the average final price of its closed
+//!   auctions — category, avg. An auction closes at its `expires` (event time) with its highest
+//!   bid between its date_time and expires as final price (none without such a bid); the
+//!   average is an integer, truncated as Flink's `AVG` of a `BIGINT`. One line per category
+//!   and distinct `expires` of its closed auctions: the average over those closed by then.
 //! - `q5` hot items: per 10 s window sliding by 2 s, the auctions with the most bids — auction,
 //!   num (bids counted per auction on shared panes, then the window's maximum).
 //! - `q7` highest bid: per 10 s tumbling window, the bids at the window's highest price —
@@ -21,9 +26,14 @@
 //!   joined in — id, name, starttime (a window join of persons and auctions).
 //! - `q11` user sessions: each bidder's sessions of bids less than 10 s apart — bidder,
 //!   bid_count, starttime, endtime.
+//! - `q12` processing-time windows: each bidder's bids per 10 s tumbling window of processing
+//!   time — bidder, bid_count, window_start, window_end (ms since the epoch). The only query
+//!   whose lines differ from run to run (the windows follow the wall clock): what holds at
+//!   every parallelism and through any failure is that each bidder's counts sum to its number
+//!   of bids, in windows of 10 s that no bidder has twice. The windows still open when the
+//!   input ends fire then.
 //!
 //! Event time is each event's `date_time`, with watermarks made per split at the source.
-//! q4 and q12 are not available yet.
 
 use std::sync::Arc;
 
@@ -42,7 +52,7 @@ use super::nexmark_time as time;
 use super::wordcount::WordOutput;
 
 /// The queries this job runs.
-pub const QUERIES: &[&str] = &["q0", "q1", "q2", "q3", "q5", "q7", "q8", "q11"];
+pub const QUERIES: &[&str] = &["q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8", "q11", "q12"];
 
 /// Queries of the standard suite (q0 to q22).
 const STANDARD_QUERIES: u32 = 22;
@@ -84,10 +94,12 @@ enum Query {
     Q1,
     Q2,
     Q3,
+    Q4,
     Q5,
     Q7,
     Q8,
     Q11,
+    Q12,
 }
 
 fn query_of(name: &str) -> Result<Query, String> {
@@ -97,10 +109,12 @@ fn query_of(name: &str) -> Result<Query, String> {
         "q1" => Query::Q1,
         "q2" => Query::Q2,
         "q3" => Query::Q3,
+        "q4" => Query::Q4,
         "q5" => Query::Q5,
         "q7" => Query::Q7,
         "q8" => Query::Q8,
         "q11" => Query::Q11,
+        "q12" => Query::Q12,
         other => {
             let standard = other
                 .strip_prefix('q')
@@ -121,7 +135,14 @@ fn query_of(name: &str) -> Result<Query, String> {
 pub fn source_records(args: &NexmarkArgs) -> Result<u64, String> {
     let source = NexmarkSource::new(args.events, args.generator());
     Ok(match query_of(&args.query)? {
-        Query::Q0 | Query::Q1 | Query::Q2 | Query::Q5 | Query::Q7 | Query::Q11 => source.records(),
+        Query::Q0
+        | Query::Q1
+        | Query::Q2
+        | Query::Q4
+        | Query::Q5
+        | Query::Q7
+        | Query::Q11
+        | Query::Q12 => source.records(),
         Query::Q3 | Query::Q8 => {
             source.clone().only(EventKind::Person).records()
                 + source.only(EventKind::Auction).records()
@@ -210,6 +231,10 @@ pub fn build(args: &NexmarkArgs, output: &WordOutput) -> Result<JobGraph, String
                 .name("q3-join");
             sink(rows, output, encode_q3)
         }
+        Query::Q4 => {
+            let events = time::timed_events(&env, source, "nexmark-source");
+            sink(time::q4(events), output, encode_q4)
+        }
         Query::Q5 => {
             let bids = time::timed_bids(time::timed_events(&env, source, "nexmark-source"));
             sink(time::q5(bids), output, encode_q2_shape)
@@ -223,6 +248,7 @@ pub fn build(args: &NexmarkArgs, output: &WordOutput) -> Result<JobGraph, String
             let bids = time::timed_bids(time::timed_events(&env, source, "nexmark-source"));
             sink(time::q11(bids), output, encode_q11)
         }
+        Query::Q12 => sink(time::q12(events()), output, encode_q12),
     }
     env.build(&format!("nexmark-{}", args.query))
 }
@@ -505,6 +531,24 @@ fn encode_q11(r: &time::Q11Row, out: &mut Vec<u8>) {
     out.push(b'\n');
 }
 
+fn encode_q4(r: &time::Q4Row, out: &mut Vec<u8>) {
+    push_int(out, r.category);
+    out.push(b'\t');
+    push_int(out, r.avg);
+    out.push(b'\n');
+}
+
+fn encode_q12(r: &time::Q12Row, out: &mut Vec<u8>) {
+    push_int(out, r.bidder);
+    out.push(b'\t');
+    out.extend_from_slice(itoa::Buffer::new().format(r.bid_count).as_bytes());
+    out.push(b'\t');
+    push_int(out, r.start);
+    out.push(b'\t');
+    push_int(out, r.end);
+    out.push(b'\n');
+}
+
 fn encode_q3(r: &Q3Row, out: &mut Vec<u8>) {
     out.extend_from_slice(r.name.as_bytes());
     push_field(out, &r.city);
@@ -567,15 +611,15 @@ mod tests {
     #[test]
     fn unknown_and_unavailable_queries_are_errors_listing_the_available_ones() {
         let error = |a: &NexmarkArgs| build(a, &WordOutput::Discard).err().unwrap_or_default();
-        let e = error(&args("q4"));
+        let e = error(&args("q6"));
         assert_eq!(
             e,
-            "nexmark query 'q4' is not available yet; available queries: q0, q1, q2, q3, q5, q7, q8, q11"
+            "nexmark query 'q6' is not available yet; available queries: q0, q1, q2, q3, q4, q5, q7, q8, q11, q12"
         );
         let e = error(&args("q99"));
         assert_eq!(
             e,
-            "unknown nexmark query 'q99'; available queries: q0, q1, q2, q3, q5, q7, q8, q11"
+            "unknown nexmark query 'q99'; available queries: q0, q1, q2, q3, q4, q5, q7, q8, q11, q12"
         );
         let e = source_records(&args("x")).unwrap_err();
         assert!(e.starts_with("unknown nexmark query 'x'"), "{e}");
@@ -587,6 +631,8 @@ mod tests {
     #[test]
     fn sources_emit_all_events_or_those_q3_joins() {
         assert_eq!(source_records(&args("q0")), Ok(1000));
+        assert_eq!(source_records(&args("q4")), Ok(1000));
+        assert_eq!(source_records(&args("q12")), Ok(1000));
         assert_eq!(source_records(&args("q3")), Ok(20 + 60));
     }
 }

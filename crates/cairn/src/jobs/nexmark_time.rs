@@ -1,6 +1,7 @@
-//! The Nexmark queries on event time: windows and joins in time over the generator's events,
-//! whose event time is their `date_time` (monotonous per split: splits take event numbers by
-//! stride and a reader emits its splits in event-number order).
+//! The Nexmark queries on time: windows, joins in time and closing auctions over the
+//! generator's events, whose event time is their `date_time` (monotonous per split: splits take
+//! event numbers by stride and a reader emits its splits in event-number order); and q12's
+//! windows of processing time.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use crate::connectors::{Bid, EventKind, NexmarkEvent, NexmarkSource};
 use crate::error::{TaskError, TaskResult};
 use crate::state::{KeyedContext, TimeDomain, ValueState};
 
-/// 10 s: the window of q5 (size), q7, q8 and the session gap of q11.
+/// 10 s: the window of q5 (size), q7, q8, q12 and the session gap of q11.
 const TEN_SECONDS: Duration = Duration::from_secs(10);
 const TEN_SECONDS_MS: i64 = 10_000;
 
@@ -373,4 +374,358 @@ pub(super) fn q11(bids: DataStream<Bid>) -> DataStream<Q11Row> {
         )
         .uid("q11-sessions")
         .name("q11-sessions")
+}
+
+/// What q4's first stage reads: the auctions and the bids, keyed by auction id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuctionOrBid {
+    /// An auction opens.
+    Auction {
+        /// Auction id.
+        id: i64,
+        /// Its category.
+        category: i64,
+        /// When it opens (its event time).
+        date_time: i64,
+        /// When it closes.
+        expires: i64,
+    },
+    /// A bid.
+    Bid {
+        /// The auction it is for.
+        auction: i64,
+        /// Price, in cents.
+        price: i64,
+        /// Its event time.
+        date_time: i64,
+    },
+}
+
+impl AuctionOrBid {
+    fn auction_id(&self) -> i64 {
+        match self {
+            AuctionOrBid::Auction { id, .. } => *id,
+            AuctionOrBid::Bid { auction, .. } => *auction,
+        }
+    }
+
+    fn date_time(&self) -> i64 {
+        match self {
+            AuctionOrBid::Auction { date_time, .. } | AuctionOrBid::Bid { date_time, .. } => {
+                *date_time
+            }
+        }
+    }
+}
+
+/// An auction that closed with at least one bid: its category and final (highest) price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClosedAuction {
+    /// The auction's category.
+    pub category: i64,
+    /// Its highest bid in cents.
+    pub price: i64,
+    /// When it closed: its event time.
+    pub expires: i64,
+}
+
+/// A row of q4: a category and the average final price of its closed auctions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Q4Row {
+    /// The category.
+    pub category: i64,
+    /// The average final price in cents, truncated to an integer (Flink's `AVG` of a `BIGINT`).
+    pub avg: i64,
+}
+
+/// q4 average price for a category: per category, the average final price of its closed
+/// auctions — category, avg. As in the standard query, an auction's bids are those on it
+/// whose date_time lies between the auction's date_time and its expires (both included), its
+/// final price is the highest of them, and an auction without such a bid has none. An auction
+/// closes at its `expires` in event time; the average is an integer, the sum of the final
+/// prices divided by their count and truncated, as Flink's `AVG` of a `BIGINT` column is.
+///
+/// Two stages, so that the lines are the same at every parallelism and through any failure:
+/// [`ClosingAuctions`] (keyed by auction id) emits each auction's final price when the
+/// watermark reaches its `expires`, with `expires` as its event time; [`CategoryAverages`]
+/// (keyed by category) folds a closed auction into its category's running average only when
+/// the watermark reaches its `expires` too — by then every closed auction with `expires <= t`
+/// has arrived from every upstream subtask — and emits one line per category and distinct
+/// `expires`: the average over the category's auctions closed by then.
+pub(super) fn q4(events: DataStream<NexmarkEvent>) -> DataStream<Q4Row> {
+    events
+        .flat_map(
+            |e: NexmarkEvent, out: &mut Collector<AuctionOrBid>| match e {
+                NexmarkEvent::Auction(a) => out.collect(AuctionOrBid::Auction {
+                    id: a.id,
+                    category: a.category,
+                    date_time: a.date_time,
+                    expires: a.expires,
+                }),
+                NexmarkEvent::Bid(b) => out.collect(AuctionOrBid::Bid {
+                    auction: b.auction,
+                    price: b.price,
+                    date_time: b.date_time,
+                }),
+                NexmarkEvent::Person(_) => {}
+            },
+        )
+        .uid("q4-auctions-and-bids")
+        .name("q4-auctions-and-bids")
+        .with_timestamps(AuctionOrBid::date_time)
+        .key_by(AuctionOrBid::auction_id)
+        .process(ClosingAuctions::default())
+        .uid("q4-close")
+        .name("q4-close")
+        .with_timestamps(|c: &ClosedAuction| c.expires)
+        .key_by(|c: &ClosedAuction| c.category)
+        .process(CategoryAverages::default())
+        .uid("q4-average")
+        .name("q4-average")
+}
+
+/// An auction of q4 until it closes: its category, its bounds and its highest bid so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct OpenAuction {
+    category: i64,
+    date_time: i64,
+    expires: i64,
+    best: Option<i64>,
+}
+
+/// q4's first stage, per auction id: the auction while it is open, with its highest bid in
+/// bounds, emitted when the watermark reaches its `expires`.
+///
+/// A bid can arrive before its auction: the generator names auctions up to 10 ahead of the
+/// newest one (and some of those never come, past the last event), and at parallelism > 1 a
+/// bid from one split can overtake the auction from another. Such an early bid is kept
+/// (`early`: (date_time, highest price) sorted by date_time) until the auction arrives, which
+/// takes the ones in its bounds, or until the watermark reaches the bid's date_time: an auction
+/// arriving after that has a later date_time than the bid, which is then out of its bounds. So
+/// are the bids that come after their auction closed (the generator picks among the 100 newest
+/// auctions, some of them closed): they too wait as early bids until the watermark passes them.
+/// One event-time timer per auction id at a time: at `expires` while the auction is open,
+/// otherwise at its earliest early bid.
+#[derive(Clone, Default)]
+struct ClosingAuctions {
+    auctions: Option<ValueState<OpenAuction>>,
+    early: Option<ValueState<Vec<(i64, i64)>>>,
+}
+
+impl KeyedProcessFunction<i64, AuctionOrBid, ClosedAuction> for ClosingAuctions {
+    fn open(&mut self, ctx: &mut KeyedContext<i64>) -> TaskResult {
+        self.auctions = Some(ctx.value_state("auction")?);
+        self.early = Some(ctx.value_state("early-bids")?);
+        Ok(())
+    }
+
+    fn process(
+        &mut self,
+        record: AuctionOrBid,
+        ctx: &mut KeyedContext<i64>,
+        _out: &mut Collector<ClosedAuction>,
+    ) -> TaskResult {
+        let (auctions, early) = (opened(&self.auctions)?, opened(&self.early)?);
+        match record {
+            AuctionOrBid::Auction {
+                category,
+                date_time,
+                expires,
+                ..
+            } => {
+                let mut best = None;
+                if let Some(bids) = early.value(ctx)? {
+                    let first = bids.first().map(|b| b.0);
+                    best = bids
+                        .iter()
+                        .filter(|(t, _)| (date_time..=expires).contains(t))
+                        .map(|b| b.1)
+                        .max();
+                    early.clear(ctx)?;
+                    if let Some(first) = first {
+                        ctx.delete_event_time_timer(first)?;
+                    }
+                }
+                auctions.update(
+                    ctx,
+                    OpenAuction {
+                        category,
+                        date_time,
+                        expires,
+                        best,
+                    },
+                )?;
+                ctx.register_event_time_timer(expires)
+            }
+            AuctionOrBid::Bid {
+                price, date_time, ..
+            } => {
+                if let Some(open) = auctions.value(ctx)?.copied() {
+                    let in_bounds = (open.date_time..=open.expires).contains(&date_time);
+                    if in_bounds && open.best.is_none_or(|b| price > b) {
+                        let best = Some(price);
+                        auctions.update(ctx, OpenAuction { best, ..open })?;
+                    }
+                    return Ok(());
+                }
+                let bids = early.get_mut(ctx, Vec::new)?;
+                let first = bids.first().map(|b| b.0);
+                // Sorted by date_time, one entry per date_time; bids mostly come in order.
+                match bids.last_mut() {
+                    Some(last) if last.0 == date_time => last.1 = last.1.max(price),
+                    Some(last) if last.0 < date_time => bids.push((date_time, price)),
+                    None => bids.push((date_time, price)),
+                    Some(_) => {
+                        let i = bids.partition_point(|b| b.0 < date_time);
+                        match bids.get_mut(i) {
+                            Some(b) if b.0 == date_time => b.1 = b.1.max(price),
+                            _ => bids.insert(i, (date_time, price)),
+                        }
+                    }
+                }
+                if first.is_none_or(|f| date_time < f) {
+                    // The earlier timer, if any, fires and finds nothing to drop.
+                    ctx.register_event_time_timer(date_time)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn on_timer(
+        &mut self,
+        time: i64,
+        _domain: TimeDomain,
+        ctx: &mut KeyedContext<i64>,
+        out: &mut Collector<ClosedAuction>,
+    ) -> TaskResult {
+        let (auctions, early) = (opened(&self.auctions)?, opened(&self.early)?);
+        if let Some(open) = auctions.value(ctx)?.copied() {
+            if time == open.expires {
+                if let Some(price) = open.best {
+                    out.collect(ClosedAuction {
+                        category: open.category,
+                        price,
+                        expires: open.expires,
+                    });
+                }
+                auctions.clear(ctx)?;
+            }
+            return Ok(());
+        }
+        let bids = early.get_mut(ctx, Vec::new)?;
+        // The watermark reached `time`: an auction still to come opens after these bids.
+        let passed = bids.partition_point(|b| b.0 <= time);
+        bids.drain(..passed);
+        match bids.first() {
+            Some(&(next, _)) => ctx.register_event_time_timer(next),
+            None => early.clear(ctx),
+        }
+    }
+}
+
+/// Per category: the running sum and count of final prices, and the closed auctions not
+/// folded in yet, by `expires`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct CategoryPrices {
+    sum: i128,
+    count: u64,
+    closing: BTreeMap<i64, (i128, u64)>,
+}
+
+/// q4's second stage, per category: folds closed auctions into the average when the watermark
+/// reaches their `expires` (not when they arrive, which depends on the upstream subtasks'
+/// progress), and emits the average then.
+#[derive(Clone, Default)]
+struct CategoryAverages {
+    prices: Option<ValueState<CategoryPrices>>,
+}
+
+impl KeyedProcessFunction<i64, ClosedAuction, Q4Row> for CategoryAverages {
+    fn open(&mut self, ctx: &mut KeyedContext<i64>) -> TaskResult {
+        self.prices = Some(ctx.value_state("prices")?);
+        Ok(())
+    }
+
+    fn process(
+        &mut self,
+        c: ClosedAuction,
+        ctx: &mut KeyedContext<i64>,
+        _out: &mut Collector<Q4Row>,
+    ) -> TaskResult {
+        let prices = opened(&self.prices)?.get_mut(ctx, CategoryPrices::default)?;
+        let at = prices.closing.entry(c.expires).or_default();
+        at.0 += i128::from(c.price);
+        at.1 += 1;
+        ctx.register_event_time_timer(c.expires)
+    }
+
+    fn on_timer(
+        &mut self,
+        time: i64,
+        _domain: TimeDomain,
+        ctx: &mut KeyedContext<i64>,
+        out: &mut Collector<Q4Row>,
+    ) -> TaskResult {
+        let category = ctx.current_key().copied().unwrap_or_default();
+        let prices = opened(&self.prices)?.get_mut(ctx, CategoryPrices::default)?;
+        let Some((sum, count)) = prices.closing.remove(&time) else {
+            return Ok(());
+        };
+        prices.sum += sum;
+        prices.count += count;
+        // Prices are positive: truncating is flooring, as Flink's integer AVG does.
+        let avg = prices.sum / i128::from(prices.count.max(1));
+        out.collect(Q4Row {
+            category,
+            avg: i64::try_from(avg).unwrap_or(i64::MAX),
+        });
+        Ok(())
+    }
+}
+
+/// A row of q12: a bidder's bids in one 10 s window of processing time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Q12Row {
+    /// The bidder.
+    pub bidder: i64,
+    /// Bids in the window.
+    pub bid_count: u64,
+    /// The window's start, ms since the epoch (wall clock).
+    pub start: i64,
+    /// The window's end.
+    pub end: i64,
+}
+
+/// q12 processing-time windows: each bidder's bids per 10 s tumbling window of processing time
+/// (the wall clock of the subtask counting them) — bidder, bid_count, window_start,
+/// window_end (ms since the epoch). The windows follow the wall clock, so the lines differ
+/// from run to run; what holds at every parallelism and through any failure is that each
+/// bidder's counts sum to its number of bids, and that no bidder has a window twice. The
+/// windows pending when the input ends fire then (at the maximum watermark), so a run shorter
+/// than 10 s still counts every bid.
+pub(super) fn q12(events: DataStream<NexmarkEvent>) -> DataStream<Q12Row> {
+    events
+        .flat_map(|e: NexmarkEvent, out: &mut Collector<i64>| {
+            if let NexmarkEvent::Bid(b) = e {
+                out.collect(b.bidder);
+            }
+        })
+        .uid("q12-bidders")
+        .name("q12-bidders")
+        .key_by(|bidder: &i64| *bidder)
+        .window(WindowAssigner::tumbling(TEN_SECONDS).on_processing_time())
+        .aggregate_process(
+            Count,
+            |bidder: &i64, w: TimeWindow, n: u64, out: &mut Collector<Q12Row>| {
+                out.collect(Q12Row {
+                    bidder: *bidder,
+                    bid_count: n,
+                    start: w.start,
+                    end: w.end,
+                })
+            },
+        )
+        .uid("q12-windows")
+        .name("q12-windows")
 }

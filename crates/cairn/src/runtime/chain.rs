@@ -40,17 +40,19 @@ pub trait Operator<I, O>: Send + 'static {
     fn end_input(&mut self, _out: &mut Vec<O>) -> TaskResult {
         Ok(())
     }
-    /// Event time advanced to `watermark`: fire event-time timers up to it. Returns the
-    /// watermark that goes on to the next operator (by default this one; an operator that
-    /// makes its own watermarks swallows it).
+    /// Event time advanced to `watermark`: fire event-time timers up to it (at the maximum,
+    /// the end of a bounded input, a keyed operator fires its processing-time timers too).
+    /// Returns the watermark that goes on to the next operator (by default this one; an
+    /// operator that makes its own watermarks swallows it).
     fn on_watermark(&mut self, watermark: i64, _out: &mut Vec<O>) -> TaskResult<Option<i64>> {
         Ok(Some(watermark))
     }
-    /// The earliest processing-time timer (ms since the epoch), if any.
+    /// When (ms since the epoch) the operator's next processing-time timer is due, if it has
+    /// one: the task calls `on_processing_time` once the wall clock reaches it.
     fn next_processing_timer(&self) -> Option<i64> {
         None
     }
-    /// Processing time reached `now_ms`: fire processing-time timers up to it. Returns a
+    /// Processing time reached `now_ms`: fire the processing-time timers due. Returns a
     /// watermark to send on, if the operator makes its own.
     fn on_processing_time(&mut self, _now_ms: i64, _out: &mut Vec<O>) -> TaskResult<Option<i64>> {
         Ok(None)

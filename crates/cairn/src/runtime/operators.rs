@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use super::functions::{
     CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction, ProcessFunction,
 };
-use super::watermark::TimestampFn;
+use super::watermark::{TimestampFn, WATERMARK_MAX};
 use crate::error::TaskResult;
 use crate::state::{
     Key, KeyedContext, OperatorListData, OperatorSnapshot, OperatorStateStore, TimeDomain,
@@ -131,21 +131,62 @@ where
     }
 }
 
-/// Fires the timers of `domain` due at `upto` through `on_timer` (for event time, the
-/// operator's watermark moves to `upto` first).
-fn fire_timers<K: Key, O>(
+/// Moves a keyed operator's event time to `watermark` and fires the event-time timers due at
+/// it through `on_timer`.
+///
+/// End of input: when the watermark reaches the maximum (`WATERMARK_MAX`, which a bounded
+/// source emits once all its input is read, before its final checkpoint), every
+/// processing-time timer pending at that moment fires too, after the event-time ones. All the
+/// data is there, so a processing-time window has everything it will ever get; without this
+/// the processing-time windows of a bounded job that ends before their time would never fire
+/// (Flink drops pending processing-time timers at end of input). The event-time timers those
+/// firings register fire as well; the processing-time timers they register follow the wall
+/// clock, so a function that keeps re-registering one cannot hold the task at end of input.
+fn advance_event_time<K: Key, O>(
     ctx: &mut KeyedContext<K>,
-    domain: TimeDomain,
-    upto: i64,
+    watermark: i64,
     out: &mut Vec<O>,
     mut on_timer: impl FnMut(i64, TimeDomain, &mut KeyedContext<K>, &mut Collector<O>) -> TaskResult,
 ) -> TaskResult {
-    if domain == TimeDomain::EventTime {
-        ctx.set_watermark(upto);
-    }
+    ctx.set_watermark(watermark);
     let mut c = Collector::new(out);
-    while let Some(t) = ctx.next_due_timer(domain, upto) {
-        on_timer(t, domain, ctx, &mut c)?;
+    while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, watermark) {
+        on_timer(t, TimeDomain::EventTime, ctx, &mut c)?;
+    }
+    if watermark == WATERMARK_MAX && !ctx.timers().processing.is_empty() {
+        for (t, key) in ctx.timers().processing.drain_all() {
+            ctx.set_current_key(key);
+            ctx.set_timestamp(Some(t));
+            on_timer(t, TimeDomain::ProcessingTime, ctx, &mut c)?;
+        }
+        while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, watermark) {
+            on_timer(t, TimeDomain::EventTime, ctx, &mut c)?;
+        }
+    }
+    Ok(())
+}
+
+/// When a keyed operator's next processing-time timer is due: once the wall clock has passed
+/// its time (at `t + 1` ms), as in Flink, so that a timer at a window's last millisecond fires
+/// after every record processed in that millisecond, and a record read after the firing
+/// belongs to a later window: with a wall clock that does not go back, a processing-time
+/// window never fires twice for the same key.
+fn processing_timer_due<K: Key>(ctx: &KeyedContext<K>) -> Option<i64> {
+    ctx.next_processing_timer().map(|t| t.saturating_add(1))
+}
+
+/// Processing time reached `now_ms`: fires the processing-time timers before it (see
+/// [`processing_timer_due`]) through `on_timer`.
+fn advance_processing_time<K: Key, O>(
+    ctx: &mut KeyedContext<K>,
+    now_ms: i64,
+    out: &mut Vec<O>,
+    mut on_timer: impl FnMut(i64, TimeDomain, &mut KeyedContext<K>, &mut Collector<O>) -> TaskResult,
+) -> TaskResult {
+    let mut c = Collector::new(out);
+    let upto = now_ms.saturating_sub(1);
+    while let Some(t) = ctx.next_due_timer(TimeDomain::ProcessingTime, upto) {
+        on_timer(t, TimeDomain::ProcessingTime, ctx, &mut c)?;
     }
     Ok(())
 }
@@ -171,27 +212,19 @@ where
     }
     fn on_watermark(&mut self, watermark: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
         let f = &mut self.f;
-        fire_timers(
-            &mut self.ctx,
-            TimeDomain::EventTime,
-            watermark,
-            out,
-            |t, d, ctx, c| f.on_timer(t, d, ctx, c),
-        )?;
+        advance_event_time(&mut self.ctx, watermark, out, |t, d, ctx, c| {
+            f.on_timer(t, d, ctx, c)
+        })?;
         Ok(Some(watermark))
     }
     fn next_processing_timer(&self) -> Option<i64> {
-        self.ctx.next_processing_timer()
+        processing_timer_due(&self.ctx)
     }
     fn on_processing_time(&mut self, now_ms: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
         let f = &mut self.f;
-        fire_timers(
-            &mut self.ctx,
-            TimeDomain::ProcessingTime,
-            now_ms,
-            out,
-            |t, d, ctx, c| f.on_timer(t, d, ctx, c),
-        )?;
+        advance_processing_time(&mut self.ctx, now_ms, out, |t, d, ctx, c| {
+            f.on_timer(t, d, ctx, c)
+        })?;
         Ok(None)
     }
     fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
@@ -286,27 +319,19 @@ where
     }
     fn on_watermark(&mut self, watermark: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
         let f = &mut self.f;
-        fire_timers(
-            &mut self.ctx,
-            TimeDomain::EventTime,
-            watermark,
-            out,
-            |t, d, ctx, c| f.on_timer(t, d, ctx, c),
-        )?;
+        advance_event_time(&mut self.ctx, watermark, out, |t, d, ctx, c| {
+            f.on_timer(t, d, ctx, c)
+        })?;
         Ok(Some(watermark))
     }
     fn next_processing_timer(&self) -> Option<i64> {
-        self.ctx.next_processing_timer()
+        processing_timer_due(&self.ctx)
     }
     fn on_processing_time(&mut self, now_ms: i64, out: &mut Vec<O>) -> TaskResult<Option<i64>> {
         let f = &mut self.f;
-        fire_timers(
-            &mut self.ctx,
-            TimeDomain::ProcessingTime,
-            now_ms,
-            out,
-            |t, d, ctx, c| f.on_timer(t, d, ctx, c),
-        )?;
+        advance_processing_time(&mut self.ctx, now_ms, out, |t, d, ctx, c| {
+            f.on_timer(t, d, ctx, c)
+        })?;
         Ok(None)
     }
     fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {

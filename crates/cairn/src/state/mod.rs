@@ -467,7 +467,9 @@ impl<K: Key> KeyedContext<K> {
         Ok(())
     }
 
-    /// Registers a processing-time timer for the current key at `time` (ms since the epoch).
+    /// Registers a processing-time timer for the current key at `time` (ms since the epoch):
+    /// `on_timer` runs once the wall clock has passed it, or when a bounded input ends (the
+    /// maximum watermark), whichever comes first.
     pub fn register_processing_time_timer(&mut self, time: i64) -> TaskResult {
         let key = self.key()?.clone();
         self.timers.processing.register(&key, time);

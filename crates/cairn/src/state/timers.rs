@@ -1,10 +1,12 @@
 //! Timers of a keyed operator: system state, persisted per key group like keyed state.
 //!
 //! A timer is a (key, time) pair, registered at most once (registering it again changes
-//! nothing), fired once when event time (the watermark) or processing time reaches it, with its
-//! key in scope. Timers are snapshotted with the keyed state, in key groups, so a restored or
-//! rescaled subtask gets exactly the timers of its keys; a timer that fired before a checkpoint
-//! is not in it and cannot fire again after a restore.
+//! nothing), fired once with its key in scope: an event-time timer when the watermark reaches
+//! it, a processing-time timer when the wall clock has passed it, or at the latest when a
+//! bounded input ends (the maximum watermark fires every pending one); the keyed operator that
+//! holds them decides when. Timers are snapshotted with the keyed state, in key groups, so a
+//! restored or rescaled subtask gets exactly the timers of its keys; a timer that fired before
+//! a checkpoint is not in it and cannot fire again after a restore.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -127,6 +129,16 @@ impl<K: Key> TimerQueue<K> {
         }
     }
 
+    /// Removes and returns every registered timer, earliest first (end of input fires them
+    /// all, and only them: those registered while they fire stay).
+    pub fn drain_all(&mut self) -> Vec<(i64, K)> {
+        let mut all = Vec::with_capacity(self.set.len());
+        while let Some(timer) = self.pop_due(i64::MAX) {
+            all.push(timer);
+        }
+        all
+    }
+
     /// The synchronous part of a snapshot (None when there is no timer).
     pub(crate) fn snapshot(&self, max_parallelism: u32) -> Option<DeferredTable> {
         if self.set.is_empty() {
@@ -225,6 +237,19 @@ mod tests {
         assert_eq!(q.pop_due(30), Some((20, 1)));
         assert_eq!(q.pop_due(30), None);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn draining_takes_every_timer_in_time_order_and_nothing_registered_after() {
+        let mut q: TimerQueue<u32> = TimerQueue::new(PROCESSING_TIMERS);
+        q.register(&1, 30);
+        q.register(&2, 10);
+        q.register(&3, 20);
+        q.delete(&3, 20);
+        assert_eq!(q.drain_all(), vec![(10, 2), (30, 1)]);
+        assert!(q.is_empty());
+        q.register(&4, 5);
+        assert_eq!(q.pop_due(i64::MAX), Some((5, 4)));
     }
 
     #[test]

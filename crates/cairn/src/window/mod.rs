@@ -484,8 +484,12 @@ where
 
     /// Whether window `w` was dropped already (its records are late).
     fn is_late(&self, w: &TimeWindow, ctx: &KeyedContext<K>) -> bool {
-        self.event_time()
-            && w.max_timestamp().saturating_add(self.lateness()) <= ctx.current_watermark()
+        self.is_late_at(w, ctx.current_watermark())
+    }
+
+    /// Whether window `w` was dropped already at `watermark`.
+    fn is_late_at(&self, w: &TimeWindow, watermark: i64) -> bool {
+        self.event_time() && w.max_timestamp().saturating_add(self.lateness()) <= watermark
     }
 
     fn register(&self, ctx: &mut KeyedContext<K>, time: i64) -> TaskResult {
@@ -582,8 +586,15 @@ where
         ctx: &mut KeyedContext<K>,
         out: &mut Collector<E::Out>,
     ) -> TaskResult {
-        let live: Vec<TimeWindow> = g.windows_of(ts).filter(|w| !self.is_late(w, ctx)).collect();
-        if live.is_empty() {
+        // The record's windows that were not dropped yet, recomputed where they are needed
+        // rather than collected: nothing is allocated per record.
+        let watermark = ctx.current_watermark();
+        let this = &*self;
+        let live = || {
+            g.windows_of(ts)
+                .filter(move |w| !this.is_late_at(w, watermark))
+        };
+        if live().next().is_none() {
             if let Some(late) = E::late(value) {
                 out.collect(late);
             }
@@ -597,8 +608,8 @@ where
                 let start = g.floor(ts, pane);
                 if !slots.contains_key(&start) {
                     // A new pane: the timers of every window over it.
-                    for w in &live {
-                        self.window_timers(w, ctx)?;
+                    for w in live() {
+                        self.window_timers(&w, ctx)?;
                     }
                 }
                 let slot = slots.entry(start).or_insert_with(|| Slot {
@@ -608,9 +619,9 @@ where
                 self.agg.add(&mut slot.acc, value);
             }
             None => {
-                for w in &live {
+                for w in live() {
                     if !slots.contains_key(&w.start) {
-                        self.window_timers(w, ctx)?;
+                        self.window_timers(&w, ctx)?;
                     }
                     let slot = slots.entry(w.start).or_insert_with(|| Slot {
                         acc: self.agg.create(),
@@ -624,22 +635,19 @@ where
                         if self.spec.trigger.purge {
                             slot.acc = self.agg.create();
                         }
-                        self.emit(ctx, *w, &acc, out)?;
+                        self.emit(ctx, w, &acc, out)?;
                     }
                 }
             }
         }
         // Late firing: a window the watermark passed already, but within the lateness.
         if self.event_time() && self.spec.trigger.count.is_none() {
-            for w in live
-                .iter()
-                .filter(|w| w.max_timestamp() <= ctx.current_watermark())
-            {
-                if let Some(acc) = self.window_acc(&g, &slots, w) {
-                    self.emit(ctx, *w, &acc, out)?;
+            for w in live().filter(|w| w.max_timestamp() <= watermark) {
+                if let Some(acc) = self.window_acc(&g, &slots, &w) {
+                    self.emit(ctx, w, &acc, out)?;
                 }
                 if self.spec.trigger.purge {
-                    Self::drop_window(&g, &mut slots, w);
+                    Self::drop_window(&g, &mut slots, &w);
                 }
             }
         }
