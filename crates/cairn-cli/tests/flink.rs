@@ -393,7 +393,12 @@ fn flink_cli_takes_disposes_and_stops_with_savepoints_of_a_coordinator() {
     let stopped = savepoint_path(&flink.cli(
         "stop",
         rest,
-        &["--drain", "--savepointPath", &last.display().to_string(), &jid],
+        &[
+            "--drain",
+            "--savepointPath",
+            &last.display().to_string(),
+            &jid,
+        ],
     ));
     assert!(stopped.starts_with(&last), "{}", stopped.display());
     wait_for_state(rest, &jid, "FINISHED");
