@@ -10,6 +10,7 @@ pub mod keygroup;
 
 pub mod operator;
 pub mod timers;
+pub mod ttl;
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap as StdHashMap};
@@ -27,6 +28,8 @@ use keygroup::{key_group_of_hash, stable_hash, KeyGroupRange, StableKey};
 
 pub use operator::{OperatorListState, OperatorStateStore};
 pub use timers::{TimeDomain, Timers};
+pub use ttl::{StateTtlConfig, TtlUpdate, TtlVisibility};
+use ttl::{Ttl, SERDE_POSTCARD_TTL};
 
 /// A type usable as a key of keyed state. Its key group comes from its [`StableKey`] encoding;
 /// `Hash` and `Eq` serve the in-memory tables only.
@@ -109,9 +112,17 @@ impl SerializerId {
         }
     }
 
+    /// The serializer of a state with time-to-live, for values of type `T` (a [`Ttl`]).
+    pub fn postcard_ttl<T: ?Sized>() -> Self {
+        SerializerId {
+            id: SERDE_POSTCARD_TTL.to_string(),
+            ..Self::postcard::<T>()
+        }
+    }
+
     /// Whether this build reads what the serializer wrote.
     pub fn check_readable(&self, state: &str) -> Result<(), String> {
-        if self.id != SERDE_POSTCARD {
+        if self.id != SERDE_POSTCARD && self.id != SERDE_POSTCARD_TTL {
             return Err(format!(
                 "state '{state}' was written by serializer '{}', which this build does not have",
                 self.id
@@ -316,14 +327,21 @@ trait ErasedTable<K>: Send {
     fn kind(&self) -> StateKind;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
-    fn snapshot(&self, max_parallelism: u32) -> DeferredTable;
+    /// The synchronous part of a snapshot at `now` (ms): expired entries of a state with
+    /// time-to-live are dropped first, from the live table too.
+    fn snapshot(&mut self, max_parallelism: u32, now: i64) -> DeferredTable;
     fn len(&self) -> usize;
 }
+
+/// Keeps what has not expired of an entry at `now`; false: the entry goes.
+type Prune<S> = Box<dyn Fn(&mut S, i64) -> bool + Send>;
 
 struct Table<K, S> {
     name: String,
     kind: StateKind,
     map: HashMap<K, S>,
+    /// A state with time-to-live: what drops its expired entries.
+    prune: Option<Prune<S>>,
 }
 
 impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
@@ -339,7 +357,15 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn snapshot(&self, max_parallelism: u32) -> DeferredTable {
+    fn snapshot(&mut self, max_parallelism: u32, now: i64) -> DeferredTable {
+        let serializer = match &self.prune {
+            Some(prune) => {
+                // Cleanup in snapshots: expired entries are neither kept nor persisted.
+                self.map.retain(|_, v| prune(v, now));
+                SerializerId::postcard_ttl::<S>()
+            }
+            None => SerializerId::postcard::<S>(),
+        };
         // Synchronous part: a copy, so that the task keeps mutating its tables meanwhile.
         let copy = self.map.clone();
         let name = self.name.clone();
@@ -360,7 +386,7 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
             Ok(KeyedTableData {
                 name,
                 kind,
-                serializer: SerializerId::postcard::<S>(),
+                serializer,
                 groups: out,
             })
         })
@@ -387,6 +413,8 @@ pub struct KeyedContext<K> {
     subtask: u32,
     parallelism: u32,
     timer_error: Option<TaskError>,
+    /// The processing time state time-to-live uses, when set (tests); else the wall clock.
+    ttl_clock: Option<i64>,
 }
 
 impl<K: Key> KeyedContext<K> {
@@ -422,7 +450,20 @@ impl<K: Key> KeyedContext<K> {
             subtask,
             parallelism,
             timer_error,
+            ttl_clock: None,
         }
+    }
+
+    /// Processing time as state time-to-live sees it (ms).
+    fn ttl_now(&self) -> i64 {
+        self.ttl_clock
+            .unwrap_or_else(|| crate::checkpoint::now_ms() as i64)
+    }
+
+    /// Sets the processing time state time-to-live sees (tests).
+    #[cfg(test)]
+    pub(crate) fn set_ttl_clock(&mut self, now_ms: i64) {
+        self.ttl_clock = Some(now_ms);
     }
 
     /// Fails if the restored timers could not be read (checked when the operator opens).
@@ -546,6 +587,16 @@ impl<K: Key> KeyedContext<K> {
     }
 
     fn register<S: StateValue>(&mut self, name: &str, kind: StateKind) -> TaskResult<usize> {
+        self.register_with::<S>(name, kind, None)
+    }
+
+    /// Registers a table; `prune`: a state with time-to-live, whose expired entries it drops.
+    fn register_with<S: StateValue>(
+        &mut self,
+        name: &str,
+        kind: StateKind,
+        prune: Option<Prune<S>>,
+    ) -> TaskResult<usize> {
         if let Some(idx) = self.tables.iter().position(|t| t.name() == name) {
             if self.tables[idx].as_any().is::<Table<K, S>>() && self.tables[idx].kind() == kind {
                 return Ok(idx);
@@ -557,6 +608,17 @@ impl<K: Key> KeyedContext<K> {
         let mut map: HashMap<K, S> = HashMap::new();
         if let Some(table) = self.restored.remove(name) {
             check_restorable(name, &table.serializer, table.kind, kind)?;
+            let was_ttl = table.serializer.id == SERDE_POSTCARD_TTL;
+            if was_ttl != prune.is_some() {
+                let (was, now) = if was_ttl {
+                    ("with", "without")
+                } else {
+                    ("without", "with")
+                };
+                return Err(TaskError::Unrecoverable(format!(
+                    "state '{name}' was written {was} time-to-live and is now registered {now} it; turning time-to-live on or off changes a state's format"
+                )));
+            }
             let was = table.serializer.type_name;
             for (kg, bytes) in table.groups {
                 if !self.range.contains(kg) {
@@ -575,6 +637,7 @@ impl<K: Key> KeyedContext<K> {
             name: name.to_string(),
             kind,
             map,
+            prune,
         }));
         Ok(self.tables.len() - 1)
     }
@@ -641,7 +704,59 @@ impl<K: Key> KeyedContext<K> {
     pub fn value_state<V: StateValue>(&mut self, name: &str) -> TaskResult<ValueState<V>> {
         Ok(ValueState {
             idx: self.register::<V>(name, StateKind::Value)?,
+            ttl: None,
             _v: PhantomData,
+        })
+    }
+
+    /// Registers (or looks up) a [`ValueState`] named `name` whose entries expire as `ttl` says.
+    pub fn value_state_with_ttl<V: StateValue>(
+        &mut self,
+        name: &str,
+        ttl: StateTtlConfig,
+    ) -> TaskResult<ValueState<V>> {
+        let prune: Prune<Ttl<V>> =
+            Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now));
+        Ok(ValueState {
+            idx: self.register_with::<Ttl<V>>(name, StateKind::Value, Some(prune))?,
+            ttl: Some(ttl),
+            _v: PhantomData,
+        })
+    }
+
+    /// Registers (or looks up) a [`MapState`] named `name` whose entries (each on its own)
+    /// expire as `ttl` says.
+    pub fn map_state_with_ttl<UK: Key, UV: StateValue>(
+        &mut self,
+        name: &str,
+        ttl: StateTtlConfig,
+    ) -> TaskResult<MapState<UK, UV>> {
+        let prune: Prune<HashMap<UK, Ttl<UV>>> =
+            Box::new(move |m: &mut HashMap<UK, Ttl<UV>>, now| {
+                m.retain(|_, e| !ttl.expired(e.stamp(), now));
+                !m.is_empty()
+            });
+        Ok(MapState {
+            idx: self.register_with::<HashMap<UK, Ttl<UV>>>(name, StateKind::Map, Some(prune))?,
+            ttl: Some(ttl),
+            _v: PhantomData,
+        })
+    }
+
+    /// Registers (or looks up) a [`ReducingState`] named `name` whose value expires as `ttl`
+    /// says (an expired value is folded into as if there were none).
+    pub fn reducing_state_with_ttl<V: StateValue>(
+        &mut self,
+        name: &str,
+        ttl: StateTtlConfig,
+        reduce: impl Fn(&V, &V) -> V + Send + Sync + 'static,
+    ) -> TaskResult<ReducingState<V>> {
+        let prune: Prune<Ttl<V>> =
+            Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now));
+        Ok(ReducingState {
+            idx: self.register_with::<Ttl<V>>(name, StateKind::Reducing, Some(prune))?,
+            reduce: Arc::new(reduce),
+            ttl: Some(ttl),
         })
     }
 
@@ -660,6 +775,7 @@ impl<K: Key> KeyedContext<K> {
     ) -> TaskResult<MapState<UK, UV>> {
         Ok(MapState {
             idx: self.register::<HashMap<UK, UV>>(name, StateKind::Map)?,
+            ttl: None,
             _v: PhantomData,
         })
     }
@@ -673,15 +789,17 @@ impl<K: Key> KeyedContext<K> {
         Ok(ReducingState {
             idx: self.register::<V>(name, StateKind::Reducing)?,
             reduce: Arc::new(reduce),
+            ttl: None,
         })
     }
 
     /// The synchronous part of a snapshot of every registered table, plus restored tables that
     /// were never registered in this run (they are carried over unchanged, not dropped).
-    pub fn snapshot(&self, uid: &str) -> OperatorSnapshot {
+    pub fn snapshot(&mut self, uid: &str) -> OperatorSnapshot {
         let mut snap = OperatorSnapshot::new(uid);
-        for t in &self.tables {
-            snap.keyed.push(t.snapshot(self.max_parallelism));
+        let now = self.ttl_now();
+        for t in &mut self.tables {
+            snap.keyed.push(t.snapshot(self.max_parallelism, now));
         }
         for q in [&self.timers.event, &self.timers.processing] {
             if let Some(t) = q.snapshot(self.max_parallelism) {
@@ -727,6 +845,8 @@ pub(crate) fn check_restorable(
 /// A single value per key.
 pub struct ValueState<V> {
     idx: usize,
+    /// Stored as [`Ttl`] values that expire.
+    ttl: Option<StateTtlConfig>,
     _v: PhantomData<fn() -> V>,
 }
 
@@ -734,6 +854,7 @@ impl<V> Clone for ValueState<V> {
     fn clone(&self) -> Self {
         ValueState {
             idx: self.idx,
+            ttl: self.ttl,
             _v: PhantomData,
         }
     }
@@ -742,24 +863,69 @@ impl<V> Clone for ValueState<V> {
 impl<V: StateValue> ValueState<V> {
     /// The current key's value.
     pub fn value<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<Option<&'a V>> {
-        ctx.get::<V>(self.idx)
+        match &self.ttl {
+            None => ctx.get::<V>(self.idx),
+            Some(ttl) => Ok(ctx
+                .get::<Ttl<V>>(self.idx)?
+                .and_then(|e| ttl.read(e, ctx.ttl_now()))),
+        }
     }
     /// Sets the current key's value.
     pub fn update<K: Key>(&self, ctx: &mut KeyedContext<K>, value: V) -> TaskResult {
-        ctx.put(self.idx, value)
+        match &self.ttl {
+            None => ctx.put(self.idx, value),
+            Some(_) => {
+                let now = ctx.ttl_now();
+                ctx.put(self.idx, Ttl::new(value, now))
+            }
+        }
     }
-    /// The current key's value, inserting `default()` first if there is none.
+    /// The current key's value, inserting `default()` first if there is none (or it
+    /// expired). A write: its time-to-live starts again.
     pub fn get_mut<'a, K: Key>(
         &self,
         ctx: &'a mut KeyedContext<K>,
         default: impl FnOnce() -> V,
     ) -> TaskResult<&'a mut V> {
-        ctx.get_or_insert(self.idx, default)
+        match &self.ttl {
+            None => ctx.get_or_insert(self.idx, default),
+            Some(ttl) => ttl_entry(ctx, self.idx, ttl, default),
+        }
     }
     /// Removes the current key's value.
     pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
-        ctx.remove::<V>(self.idx)
+        match &self.ttl {
+            None => ctx.remove::<V>(self.idx),
+            Some(_) => ctx.remove::<Ttl<V>>(self.idx),
+        }
     }
+}
+
+/// The current key's entry of a value or reducing state with time-to-live, for a write at
+/// `now`: `default()` if there is none or it expired (unless expired ones stay visible).
+fn ttl_entry<'a, K: Key, V: StateValue>(
+    ctx: &'a mut KeyedContext<K>,
+    idx: usize,
+    ttl: &StateTtlConfig,
+    default: impl FnOnce() -> V,
+) -> TaskResult<&'a mut V> {
+    let now = ctx.ttl_now();
+    let (map, key) = ctx.table_and_key::<Ttl<V>>(idx)?;
+    if !map.contains_key(key) {
+        map.insert(key.clone(), Ttl::new(default(), now));
+        return map
+            .get_mut(key)
+            .map(|e| &mut e.value)
+            .ok_or_else(|| TaskError::msg("keyed state entry vanished"));
+    }
+    let e = map
+        .get_mut(key)
+        .ok_or_else(|| TaskError::msg("keyed state entry vanished"))?;
+    if ttl.read(e, now).is_none() {
+        e.value = default();
+    }
+    e.touch(now);
+    Ok(&mut e.value)
 }
 
 /// A list of values per key.
@@ -781,6 +947,7 @@ impl<UK, UV> Clone for MapState<UK, UV> {
     fn clone(&self) -> Self {
         MapState {
             idx: self.idx,
+            ttl: self.ttl,
             _v: PhantomData,
         }
     }
@@ -791,6 +958,7 @@ impl<V> Clone for ReducingState<V> {
         ReducingState {
             idx: self.idx,
             reduce: self.reduce.clone(),
+            ttl: self.ttl,
         }
     }
 }
@@ -821,6 +989,8 @@ impl<V: StateValue> ListState<V> {
 /// A map per key.
 pub struct MapState<UK, UV> {
     idx: usize,
+    /// Stored as maps of [`Ttl`] values, each expiring on its own.
+    ttl: Option<StateTtlConfig>,
     _v: PhantomData<fn() -> (UK, UV)>,
 }
 
@@ -831,37 +1001,78 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
         ctx: &'a KeyedContext<K>,
         user_key: &UK,
     ) -> TaskResult<Option<&'a UV>> {
-        Ok(ctx
-            .get::<HashMap<UK, UV>>(self.idx)?
-            .and_then(|m| m.get(user_key)))
+        match &self.ttl {
+            None => Ok(ctx
+                .get::<HashMap<UK, UV>>(self.idx)?
+                .and_then(|m| m.get(user_key))),
+            Some(ttl) => Ok(ctx
+                .get::<HashMap<UK, Ttl<UV>>>(self.idx)?
+                .and_then(|m| m.get(user_key))
+                .and_then(|e| ttl.read(e, ctx.ttl_now()))),
+        }
     }
     /// Puts `user_key → value` into the current key's map.
     pub fn put<K: Key>(&self, ctx: &mut KeyedContext<K>, user_key: UK, value: UV) -> TaskResult {
-        ctx.get_or_insert::<HashMap<UK, UV>>(self.idx, HashMap::new)?
-            .insert(user_key, value);
+        match &self.ttl {
+            None => {
+                ctx.get_or_insert::<HashMap<UK, UV>>(self.idx, HashMap::new)?
+                    .insert(user_key, value);
+            }
+            Some(_) => {
+                let now = ctx.ttl_now();
+                ctx.get_or_insert::<HashMap<UK, Ttl<UV>>>(self.idx, HashMap::new)?
+                    .insert(user_key, Ttl::new(value, now));
+            }
+        }
         Ok(())
     }
     /// Removes `user_key` from the current key's map.
     pub fn remove<K: Key>(&self, ctx: &mut KeyedContext<K>, user_key: &UK) -> TaskResult {
-        let (map, key) = ctx.table_and_key::<HashMap<UK, UV>>(self.idx)?;
-        if let Some(m) = map.get_mut(key) {
-            m.remove(user_key);
+        match &self.ttl {
+            None => {
+                let (map, key) = ctx.table_and_key::<HashMap<UK, UV>>(self.idx)?;
+                if let Some(m) = map.get_mut(key) {
+                    m.remove(user_key);
+                }
+            }
+            Some(_) => {
+                let (map, key) = ctx.table_and_key::<HashMap<UK, Ttl<UV>>>(self.idx)?;
+                if let Some(m) = map.get_mut(key) {
+                    m.remove(user_key);
+                }
+            }
         }
         Ok(())
     }
-    /// All entries of the current key's map, in no particular order.
+    /// All entries of the current key's map (those not expired), in no particular order.
     pub fn entries<'a, K: Key>(
         &self,
         ctx: &'a KeyedContext<K>,
     ) -> TaskResult<Vec<(&'a UK, &'a UV)>> {
-        Ok(ctx
-            .get::<HashMap<UK, UV>>(self.idx)?
-            .map(|m| m.iter().collect())
-            .unwrap_or_default())
+        match &self.ttl {
+            None => Ok(ctx
+                .get::<HashMap<UK, UV>>(self.idx)?
+                .map(|m| m.iter().collect())
+                .unwrap_or_default()),
+            Some(ttl) => {
+                let now = ctx.ttl_now();
+                Ok(ctx
+                    .get::<HashMap<UK, Ttl<UV>>>(self.idx)?
+                    .map(|m| {
+                        m.iter()
+                            .filter_map(|(k, e)| ttl.read(e, now).map(|v| (k, v)))
+                            .collect()
+                    })
+                    .unwrap_or_default())
+            }
+        }
     }
     /// Removes the current key's whole map.
     pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
-        ctx.remove::<HashMap<UK, UV>>(self.idx)
+        match &self.ttl {
+            None => ctx.remove::<HashMap<UK, UV>>(self.idx),
+            Some(_) => ctx.remove::<HashMap<UK, Ttl<UV>>>(self.idx),
+        }
     }
 }
 
@@ -871,15 +1082,33 @@ type ReduceArc<V> = Arc<dyn Fn(&V, &V) -> V + Send + Sync>;
 pub struct ReducingState<V> {
     idx: usize,
     reduce: ReduceArc<V>,
+    /// Stored as a [`Ttl`] value that expires.
+    ttl: Option<StateTtlConfig>,
 }
 
 impl<V: StateValue> ReducingState<V> {
     /// The current key's reduced value.
     pub fn get<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<Option<&'a V>> {
-        ctx.get::<V>(self.idx)
+        match &self.ttl {
+            None => ctx.get::<V>(self.idx),
+            Some(ttl) => Ok(ctx
+                .get::<Ttl<V>>(self.idx)?
+                .and_then(|e| ttl.read(e, ctx.ttl_now()))),
+        }
     }
     /// Folds `value` into the current key's value; returns the new value.
     pub fn add<K: Key>(&self, ctx: &mut KeyedContext<K>, value: V) -> TaskResult<V> {
+        if let Some(ttl) = &self.ttl {
+            let mut fresh = false;
+            let slot = ttl_entry(ctx, self.idx, ttl, || {
+                fresh = true;
+                value.clone()
+            })?;
+            if !fresh {
+                *slot = (self.reduce)(slot, &value);
+            }
+            return Ok(slot.clone());
+        }
         let (map, key) = ctx.table_and_key::<V>(self.idx)?;
         match map.get_mut(key) {
             Some(slot) => {
@@ -894,7 +1123,10 @@ impl<V: StateValue> ReducingState<V> {
     }
     /// Removes the current key's value.
     pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
-        ctx.remove::<V>(self.idx)
+        match &self.ttl {
+            None => ctx.remove::<V>(self.idx),
+            Some(_) => ctx.remove::<Ttl<V>>(self.idx),
+        }
     }
 }
 
@@ -1056,12 +1288,180 @@ mod tests {
         let v = ctx.value_state::<u64>("old").unwrap();
         ctx.set_current_key(5);
         v.update(&mut ctx, 7).unwrap();
-        let back: KeyedContext<u64> =
+        let mut back: KeyedContext<u64> =
             KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
         let mut again: KeyedContext<u64> =
             KeyedContext::new(0, 1, 128, restored_from(back.snapshot("op")));
         let v = again.value_state::<u64>("old").unwrap();
         again.set_current_key(5);
         assert_eq!(v.value(&again).unwrap(), Some(&7));
+    }
+
+    fn ttl(ms: u64) -> StateTtlConfig {
+        StateTtlConfig::new(std::time::Duration::from_millis(ms))
+    }
+
+    /// A context at `now` restored from `snap`.
+    fn restored_at(snap: OperatorSnapshot, now: i64) -> KeyedContext<u32> {
+        let mut ctx = KeyedContext::new(0, 1, 128, restored_from(snap));
+        ctx.set_ttl_clock(now);
+        ctx
+    }
+
+    #[test]
+    fn a_value_with_ttl_expires_after_its_last_write_and_leaves_the_snapshot_and_the_table() {
+        let mut ctx: KeyedContext<u32> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state_with_ttl::<u64>("v", ttl(100)).unwrap();
+        ctx.set_ttl_clock(0);
+        for k in 0..10 {
+            ctx.set_current_key(k);
+            v.update(&mut ctx, u64::from(k)).unwrap();
+        }
+        ctx.set_ttl_clock(50);
+        ctx.set_current_key(3);
+        v.update(&mut ctx, 33).unwrap(); // written again: lives until 150
+        ctx.set_ttl_clock(99);
+        ctx.set_current_key(1);
+        assert_eq!(v.value(&ctx).unwrap(), Some(&1));
+        ctx.set_ttl_clock(100);
+        assert_eq!(v.value(&ctx).unwrap(), None, "expired at 100");
+        // A read does not restart it (OnCreateAndWrite), so it stays expired.
+        ctx.set_current_key(3);
+        assert_eq!(v.value(&ctx).unwrap(), Some(&33));
+
+        let snap = ctx.snapshot("op");
+        assert_eq!(
+            ctx.tables[0].len(),
+            1,
+            "the snapshot dropped the expired entries"
+        );
+        let mut again = restored_at(snap, 120);
+        let v = again.value_state_with_ttl::<u64>("v", ttl(100)).unwrap();
+        again.set_current_key(1);
+        assert_eq!(v.value(&again).unwrap(), None, "not persisted");
+        again.set_current_key(3);
+        assert_eq!(
+            v.value(&again).unwrap(),
+            Some(&33),
+            "its write time persisted"
+        );
+        again.set_ttl_clock(150);
+        assert_eq!(v.value(&again).unwrap(), None);
+        // A write to an expired entry starts from the default.
+        assert_eq!(*v.get_mut(&mut again, || 7).unwrap(), 7);
+        again.set_ttl_clock(249);
+        assert_eq!(v.value(&again).unwrap(), Some(&7), "get_mut is a write");
+    }
+
+    #[test]
+    fn reads_restart_the_ttl_on_read_and_write_and_expired_values_show_until_cleaned_up() {
+        let mut ctx: KeyedContext<u32> = KeyedContext::new(0, 1, 128, Default::default());
+        let read = ctx
+            .value_state_with_ttl::<u64>("read", ttl(100).update(TtlUpdate::OnReadAndWrite))
+            .unwrap();
+        let shown = ctx
+            .value_state_with_ttl::<u64>(
+                "shown",
+                ttl(100).visibility(TtlVisibility::ReturnExpiredIfNotCleanedUp),
+            )
+            .unwrap();
+        ctx.set_current_key(1);
+        ctx.set_ttl_clock(0);
+        read.update(&mut ctx, 1).unwrap();
+        shown.update(&mut ctx, 2).unwrap();
+        for now in [90, 180, 270] {
+            ctx.set_ttl_clock(now);
+            assert_eq!(read.value(&ctx).unwrap(), Some(&1), "read at {now}");
+        }
+        assert_eq!(
+            shown.value(&ctx).unwrap(),
+            Some(&2),
+            "expired, not cleaned up"
+        );
+        let _ = ctx.snapshot("op");
+        assert_eq!(
+            shown.value(&ctx).unwrap(),
+            None,
+            "cleaned up by the snapshot"
+        );
+        assert_eq!(read.value(&ctx).unwrap(), Some(&1));
+    }
+
+    #[test]
+    fn map_entries_with_ttl_expire_each_on_its_own() {
+        let mut ctx: KeyedContext<u32> = KeyedContext::new(0, 1, 128, Default::default());
+        let m = ctx
+            .map_state_with_ttl::<u32, String>("m", ttl(100))
+            .unwrap();
+        ctx.set_current_key(7);
+        ctx.set_ttl_clock(0);
+        m.put(&mut ctx, 1, "a".into()).unwrap();
+        ctx.set_ttl_clock(60);
+        m.put(&mut ctx, 2, "b".into()).unwrap();
+        ctx.set_ttl_clock(100);
+        assert_eq!(m.get(&ctx, &1).unwrap(), None);
+        assert_eq!(m.get(&ctx, &2).unwrap().map(String::as_str), Some("b"));
+        let entries: Vec<(u32, String)> = m
+            .entries(&ctx)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        assert_eq!(entries, vec![(2, "b".to_string())]);
+        let mut again = restored_at(ctx.snapshot("op"), 100);
+        let m = again
+            .map_state_with_ttl::<u32, String>("m", ttl(100))
+            .unwrap();
+        again.set_current_key(7);
+        assert_eq!(m.entries(&again).unwrap().len(), 1);
+        again.set_ttl_clock(160);
+        assert!(m.entries(&again).unwrap().is_empty());
+        let _ = again.snapshot("op");
+        assert_eq!(again.tables[0].len(), 0, "an emptied map leaves the table");
+    }
+
+    #[test]
+    fn a_reducing_state_with_ttl_starts_over_once_expired() {
+        let mut ctx: KeyedContext<u32> = KeyedContext::new(0, 1, 128, Default::default());
+        let r = ctx
+            .reducing_state_with_ttl::<u64>("r", ttl(100), |a, b| a + b)
+            .unwrap();
+        ctx.set_current_key(1);
+        ctx.set_ttl_clock(0);
+        assert_eq!(r.add(&mut ctx, 1).unwrap(), 1);
+        ctx.set_ttl_clock(50);
+        assert_eq!(r.add(&mut ctx, 2).unwrap(), 3);
+        ctx.set_ttl_clock(149);
+        assert_eq!(r.get(&ctx).unwrap(), Some(&3));
+        ctx.set_ttl_clock(150);
+        assert_eq!(r.get(&ctx).unwrap(), None);
+        assert_eq!(r.add(&mut ctx, 5).unwrap(), 5);
+    }
+
+    #[test]
+    fn turning_ttl_on_or_off_for_a_restored_state_is_refused() {
+        let mut plain: KeyedContext<u32> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = plain.value_state::<u64>("v").unwrap();
+        plain.set_current_key(1);
+        v.update(&mut plain, 1).unwrap();
+        let mut again = restored_at(plain.snapshot("op"), 0);
+        let Err(TaskError::Unrecoverable(e)) = again.value_state_with_ttl::<u64>("v", ttl(10))
+        else {
+            panic!("a state written without ttl was read with it");
+        };
+        assert!(e.contains("written without time-to-live"), "{e}");
+
+        let mut with: KeyedContext<u32> = KeyedContext::new(0, 1, 128, Default::default());
+        with.set_ttl_clock(0);
+        let v = with.value_state_with_ttl::<u64>("v", ttl(10)).unwrap();
+        with.set_current_key(1);
+        v.update(&mut with, 1).unwrap();
+        let data = restored_from(with.snapshot("op"));
+        assert_eq!(data["v"].serializer.id, SERDE_POSTCARD_TTL);
+        let mut again = KeyedContext::<u32>::new(0, 1, 128, data);
+        let Err(TaskError::Unrecoverable(e)) = again.value_state::<u64>("v") else {
+            panic!("a state written with ttl was read without it");
+        };
+        assert!(e.contains("written with time-to-live"), "{e}");
     }
 }

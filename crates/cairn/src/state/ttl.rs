@@ -1,0 +1,113 @@
+//! State time-to-live (Flink's `StateTtlConfig`) for keyed value, reducing and map state on the
+//! heap backend: an entry expires `ttl` after it was last written (or read, with
+//! [`TtlUpdate::OnReadAndWrite`]); an expired entry is never returned (unless
+//! [`TtlVisibility::ReturnExpiredIfNotCleanedUp`]), is left out of every snapshot, and is dropped
+//! from the live table at every snapshot, so that its memory is reclaimed.
+//!
+//! Time to live is processing time (the wall clock), as in Flink. Each entry carries the time
+//! of its last access; the entries of a map state carry one each. A state's values are stored
+//! as [`Ttl`] with the serializer id [`SERDE_POSTCARD_TTL`], so a restore refuses to read a state
+//! with TTL that was written without it, or the other way round (the formats differ).
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The serializer id of the values of a state with time-to-live: [`Ttl`] in postcard.
+pub const SERDE_POSTCARD_TTL: &str = "cairn.serde-postcard+ttl";
+
+/// When an entry's time-to-live starts again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlUpdate {
+    /// On creation and on every write (Flink's default).
+    OnCreateAndWrite,
+    /// Also on every read.
+    OnReadAndWrite,
+}
+
+/// Whether an expired entry that was not cleaned up yet can still be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TtlVisibility {
+    /// An expired entry reads as absent (Flink's default).
+    NeverReturnExpired,
+    /// An expired entry reads as present until a snapshot drops it.
+    ReturnExpiredIfNotCleanedUp,
+}
+
+/// The time-to-live of a keyed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateTtlConfig {
+    ttl_ms: i64,
+    update: TtlUpdate,
+    visibility: TtlVisibility,
+}
+
+impl StateTtlConfig {
+    /// Entries expire `ttl` after their creation or last write, and expired ones read as absent.
+    pub fn new(ttl: Duration) -> Self {
+        StateTtlConfig {
+            ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+            update: TtlUpdate::OnCreateAndWrite,
+            visibility: TtlVisibility::NeverReturnExpired,
+        }
+    }
+
+    /// When the time-to-live starts again.
+    pub fn update(mut self, update: TtlUpdate) -> Self {
+        self.update = update;
+        self
+    }
+
+    /// Whether expired entries that were not cleaned up yet can be read.
+    pub fn visibility(mut self, visibility: TtlVisibility) -> Self {
+        self.visibility = visibility;
+        self
+    }
+
+    /// Whether an entry last accessed at `stamp` has expired at `now` (ms).
+    pub fn expired(&self, stamp: i64, now: i64) -> bool {
+        now.saturating_sub(stamp) >= self.ttl_ms
+    }
+
+    /// The value of `entry` as a read at `now` sees it (restarting its time-to-live when
+    /// reads do).
+    pub(crate) fn read<'a, V>(&self, entry: &'a Ttl<V>, now: i64) -> Option<&'a V> {
+        if self.visibility == TtlVisibility::NeverReturnExpired && self.expired(entry.stamp(), now)
+        {
+            return None;
+        }
+        if self.update == TtlUpdate::OnReadAndWrite {
+            entry.stamp.set(now);
+        }
+        Some(&entry.value)
+    }
+}
+
+/// A value with the time (ms) it was last accessed, as a state with time-to-live stores it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ttl<V> {
+    pub(crate) value: V,
+    /// A `Cell`, so that a read can restart the time-to-live through a shared reference.
+    stamp: Cell<i64>,
+}
+
+impl<V> Ttl<V> {
+    /// `value`, accessed at `now`.
+    pub(crate) fn new(value: V, now: i64) -> Self {
+        Ttl {
+            value,
+            stamp: Cell::new(now),
+        }
+    }
+
+    /// When it was last accessed.
+    pub(crate) fn stamp(&self) -> i64 {
+        self.stamp.get()
+    }
+
+    /// It was written at `now`.
+    pub(crate) fn touch(&self, now: i64) {
+        self.stamp.set(now);
+    }
+}
