@@ -603,16 +603,14 @@ fn q4_averages_the_closed_auctions_of_each_category_at_parallelism_1_2_3() {
     matches_the_reference_at_every_parallelism("q4");
 }
 
-#[test]
-fn q4_with_injected_failures_commits_exactly_the_reference() {
-    let (p, seed) = (2, 13);
-    let expected = reference("q4", TIMED_EVENTS, seed);
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
+/// Runs `query` with 3 injected failures and 50 ms checkpoints into `out`, and checks that
+/// every failure was recovered, at least one from a checkpoint, and nothing was left behind.
+fn run_with_three_injected_failures(query: &str, p: u32, seed: u64, out: &Path) {
+    let ck = out.with_file_name("ck");
     let run = run_ok(
-        nexmark("q4", TIMED_EVENTS, seed, p, &out)
+        nexmark(query, TIMED_EVENTS, seed, p, out)
             .arg("--checkpoint-dir")
-            .arg(tmp.path().join("ck"))
+            .arg(&ck)
             .args(["--checkpoint-interval", "50ms"])
             .args(["--inject-failures", "3"])
             .args(RESTART_FAST),
@@ -620,15 +618,24 @@ fn q4_with_injected_failures_commits_exactly_the_reference() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
         stderr.contains(", 3 restarts, 3/3 injected failures"),
-        "{stderr}"
+        "{query}: {stderr}"
     );
     assert!(
         stderr
             .lines()
             .any(|l| l.contains("restoring regions") && l.contains(" from checkpoint ")),
-        "no failure restored from a checkpoint: they all came before the first one\n{stderr}"
+        "{query}: no failure restored from a checkpoint: they all came before the first one\n{stderr}"
     );
-    assert_no_leftovers(&out);
+    assert_no_leftovers(out);
+}
+
+#[test]
+fn q4_with_injected_failures_commits_exactly_the_reference() {
+    let (p, seed) = (2, 13);
+    let expected = reference("q4", TIMED_EVENTS, seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_with_three_injected_failures("q4", p, seed, &out);
     let got = committed(&out);
     assert!(
         got == expected,
@@ -705,25 +712,6 @@ fn q12_with_injected_failures_counts_every_bid_of_every_bidder_once() {
     let (p, seed) = (2, 15);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let run = run_ok(
-        nexmark("q12", TIMED_EVENTS, seed, p, &out)
-            .arg("--checkpoint-dir")
-            .arg(tmp.path().join("ck"))
-            .args(["--checkpoint-interval", "50ms"])
-            .args(["--inject-failures", "3"])
-            .args(RESTART_FAST),
-    );
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        stderr.contains(", 3 restarts, 3/3 injected failures"),
-        "{stderr}"
-    );
-    assert!(
-        stderr
-            .lines()
-            .any(|l| l.contains("restoring regions") && l.contains(" from checkpoint ")),
-        "no failure restored from a checkpoint: they all came before the first one\n{stderr}"
-    );
-    assert_no_leftovers(&out);
+    run_with_three_injected_failures("q12", p, seed, &out);
     assert_q12_counts_every_bid_once(&out, TIMED_EVENTS, seed, "with failures");
 }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn::api::{AggregateFunction, Collector, StreamEnv, TimeWindow, WindowAssigner};
-use cairn::api::{JobGraph, WatermarkStrategy};
+use cairn::api::{DataStream, JobGraph, WatermarkStrategy};
 use cairn::config::JobConfig;
 use cairn::connectors::SequenceSource;
 use cairn::runtime::chain::{Source, SourceReader, SourceStatus};
@@ -25,6 +25,10 @@ use cairn::runtime::{
     run_job, JobState, JobStatus, RestoreFrom, RunOptions, SavepointKind, SavepointState,
 };
 use cairn::{TaskError, TaskResult};
+
+#[path = "support/collect.rs"]
+mod collect;
+use collect::Collect;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 /// Records in all: far more than a run reads before it is stopped.
@@ -126,6 +130,12 @@ fn job(raw: Committed<Rec>, windows: Committed<Row>) -> JobGraph {
         )
         .uid("source");
     records.clone().sink(raw).uid("raw");
+    count_windows(records, windows);
+    env.build("drain").unwrap()
+}
+
+/// Counts `records` per key in tumbling event-time windows of `WINDOW_MS` into `out`.
+fn count_windows(records: DataStream<Rec>, out: impl Sink<Row>) {
     records
         .key_by(|r: &Rec| r.0)
         .window(WindowAssigner::tumbling(Duration::from_millis(
@@ -138,9 +148,8 @@ fn job(raw: Committed<Rec>, windows: Committed<Row>) -> JobGraph {
             },
         )
         .uid("window")
-        .sink(windows)
+        .sink(out)
         .uid("windows");
-    env.build("drain").unwrap()
 }
 
 fn config(dir: &Path) -> JobConfig {
@@ -320,69 +329,27 @@ impl SourceReader<Rec> for HalfIdleReader {
 
 /// Counts per key in 100 ms tumbling windows of [`HalfIdle`] at parallelism 2 (a source
 /// subtask per split), written as they fire.
-fn half_idle_job(source: HalfIdle, idleness: Option<Duration>, out: Fired) -> JobGraph {
+fn half_idle_job(source: HalfIdle, idleness: Option<Duration>, out: Collect<Row>) -> JobGraph {
     let env = StreamEnv::new();
     let mut strategy = WatermarkStrategy::monotonous(|r: &Rec| r.1);
     if let Some(timeout) = idleness {
         strategy = strategy.with_idleness(timeout);
     }
-    env.source_with_watermarks(source, strategy)
-        .uid("source")
-        .key_by(|r: &Rec| r.0)
-        .window(WindowAssigner::tumbling(Duration::from_millis(
-            WINDOW_MS as u64,
-        )))
-        .aggregate_process(
-            Count,
-            |k: &u64, w: TimeWindow, n: u64, out: &mut Collector<Row>| {
-                out.collect((*k, w.start, n))
-            },
-        )
-        .uid("window")
-        .sink(out)
-        .uid("windows");
+    count_windows(
+        env.source_with_watermarks(source, strategy).uid("source"),
+        out,
+    );
     env.build("idle").unwrap()
-}
-
-/// A sink that keeps every record as it is written (nothing to commit).
-#[derive(Clone, Default)]
-struct Fired(Arc<Mutex<Vec<Row>>>);
-
-struct FiredWriter(Arc<Mutex<Vec<Row>>>);
-
-impl Sink<Row> for Fired {
-    fn guarantee(&self) -> SinkGuarantee {
-        SinkGuarantee::None
-    }
-    fn create_writer(&self, _ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<Row>>> {
-        Ok(Box::new(FiredWriter(self.0.clone())))
-    }
-}
-
-impl SinkWriter<Row> for FiredWriter {
-    fn write(&mut self, batch: &mut Vec<Row>) -> TaskResult {
-        self.0.lock().unwrap().append(batch);
-        Ok(())
-    }
-    fn pre_commit(&mut self, _: u64) -> TaskResult<Vec<Vec<u8>>> {
-        Ok(Vec::new())
-    }
-    fn commit(&mut self, _: u64) -> TaskResult {
-        Ok(())
-    }
-    fn finish(&mut self) -> TaskResult {
-        Ok(())
-    }
 }
 
 /// Runs [`half_idle_job`], waits until `ready` holds (with a deadline), checks `while_running`,
 /// then ends the input; every window of the records emitted must have fired once, exactly.
 fn run_half_idle(
     idleness: Option<Duration>,
-    ready: impl Fn(&HalfIdle, &Fired) -> bool,
-    while_running: impl Fn(&Fired),
+    ready: impl Fn(&HalfIdle, &Collect<Row>) -> bool,
+    while_running: impl Fn(&Collect<Row>),
 ) {
-    let (source, fired) = (HalfIdle::default(), Fired::default());
+    let (source, fired) = (HalfIdle::default(), Collect::<Row>::default());
     let graph = half_idle_job(source.clone(), idleness, fired.clone());
     let config = JobConfig {
         parallelism: 2,

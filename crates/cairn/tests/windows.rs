@@ -11,42 +11,14 @@ use cairn::api::{
 };
 use cairn::config::JobConfig;
 use cairn::connectors::SequenceSource;
-use cairn::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkWriter};
 use cairn::runtime::{run_job, RunOptions};
 use cairn::state::{KeyedContext, TimeDomain, ValueState};
 use cairn::window::Trigger;
 use cairn::TaskResult;
 
-/// Collects every record written (runs without checkpoints: nothing to commit).
-#[derive(Clone)]
-struct Collect<T>(Arc<Mutex<Vec<T>>>);
-
-struct CollectWriter<T>(Arc<Mutex<Vec<T>>>);
-
-impl<T: Send + 'static> Sink<T> for Collect<T> {
-    fn guarantee(&self) -> SinkGuarantee {
-        SinkGuarantee::None
-    }
-    fn create_writer(&self, _ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<T>>> {
-        Ok(Box::new(CollectWriter(self.0.clone())))
-    }
-}
-
-impl<T: Send> SinkWriter<T> for CollectWriter<T> {
-    fn write(&mut self, batch: &mut Vec<T>) -> TaskResult {
-        self.0.lock().unwrap().append(batch);
-        Ok(())
-    }
-    fn pre_commit(&mut self, _: u64) -> TaskResult<Vec<Vec<u8>>> {
-        Ok(Vec::new())
-    }
-    fn commit(&mut self, _: u64) -> TaskResult {
-        Ok(())
-    }
-    fn finish(&mut self) -> TaskResult {
-        Ok(())
-    }
-}
+#[path = "support/collect.rs"]
+mod collect;
+use collect::Collect;
 
 /// A record: key, event time (ms), value.
 type Rec = (u64, i64, u64);
