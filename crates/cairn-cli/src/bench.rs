@@ -12,6 +12,7 @@ use clap::Args;
 use crate::human;
 
 mod savepoint;
+mod state;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -40,7 +41,9 @@ pub struct BenchArgs {
     /// exactly-once throughput; `cluster`: embedded vs cluster throughput and recovery from a
     /// lost worker; `nexmark`: every query of the nexmark job at each parallelism, with
     /// checkpoints, peak RSS and ratios to Flink's per-core figures; `savepoint`: a checkpoint
-    /// vs a savepoint of the same state, and the time a stop-with-savepoint takes.
+    /// vs a savepoint of the same state, and the time a stop-with-savepoint takes; `state`: the
+    /// heap and RocksDB backends (throughput, checkpoint uploads, RSS), the heap's synchronous
+    /// pause by key count, and state larger than RocksDB's memory budget.
     #[arg(long, default_value = "throughput")]
     suite: String,
 }
@@ -838,10 +841,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "state" => {
+            let r = state::run(&args, &exe, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state"
             )
         }
     }

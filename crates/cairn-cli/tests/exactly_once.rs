@@ -236,6 +236,16 @@ const KILL_KEYS: u64 = 20_000;
 /// each point implies about the newest completed checkpoint, and that every run restored the
 /// newest completed one; returns the check of the committed output.
 fn kill_at_failpoints_and_resume(seed: u64, parallelism: u32, extra: &[&str]) -> Check {
+    kill_at_failpoints_and_resume_at(seed, parallelism, parallelism, extra)
+}
+
+/// [`kill_at_failpoints_and_resume`], with the last run (to the end) at `final_parallelism`.
+fn kill_at_failpoints_and_resume_at(
+    seed: u64,
+    parallelism: u32,
+    final_parallelism: u32,
+    extra: &[&str],
+) -> Check {
     let tmp = tempfile::tempdir().unwrap();
     let out_dir = tmp.path().join("out");
     let ck = tmp.path().join("ck");
@@ -244,7 +254,15 @@ fn kill_at_failpoints_and_resume(seed: u64, parallelism: u32, extra: &[&str]) ->
     let mut kills = Vec::new();
     let expected = generated_counts(KILL_RECORDS, KILL_KEYS);
     let exactly_once = !extra.contains(&"at-least-once");
-    for (run, point) in shuffled_failpoints(&mut next).into_iter().enumerate() {
+    let mut points = shuffled_failpoints(&mut next);
+    if extra
+        .iter()
+        .any(|a| a.contains("state.backend.type=rocksdb"))
+    {
+        // Between a subtask's RocksDB upload and its state file.
+        points.insert((next() % 5) as usize, "disk-uploaded");
+    }
+    for (run, point) in points.into_iter().enumerate() {
         let base = checkpoint_progress(&ck).map_or(0, |(_, highest)| highest);
         let at = base + 2 + next() % 2;
         let marker = tmp.path().join(format!("marker-{run}"));
@@ -294,7 +312,7 @@ fn kill_at_failpoints_and_resume(seed: u64, parallelism: u32, extra: &[&str]) ->
         }
         kills.push(format!("{point} at {id}"));
     }
-    let out = run_ok(wordcount_run(parallelism, &out_dir, &ck, extra).stderr(Stdio::piped()));
+    let out = run_ok(wordcount_run(final_parallelism, &out_dir, &ck, extra).stderr(Stdio::piped()));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         restored_checkpoint(&stderr),
@@ -398,6 +416,46 @@ fn sigkill_at_failpoints_at_least_once_loses_nothing() {
         "at-least-once with SIGKILLs: {} duplicate output lines",
         c.duplicates
     );
+}
+
+const ROCKSDB_INCREMENTAL: [&str; 4] = [
+    "-D",
+    "state.backend.type=rocksdb",
+    "-D",
+    "state.backend.incremental=true",
+];
+
+/// RocksDB with incremental checkpoints, aligned: killed at every failpoint at parallelism 2,
+/// and the last run rescaled to 3 (each new subtask opens the old instances overlapping its
+/// key groups and keeps only its keys).
+#[test]
+fn rocksdb_sigkilled_at_failpoints_and_rescaled_2_to_3_keeps_exactly_once() {
+    assert_clean(kill_at_failpoints_and_resume_at(
+        31,
+        2,
+        3,
+        &ROCKSDB_INCREMENTAL,
+    ));
+}
+
+/// RocksDB with incremental checkpoints and unaligned checkpoints (in-flight data with disk
+/// state), killed at every failpoint.
+#[test]
+fn rocksdb_with_unaligned_checkpoints_sigkilled_at_failpoints_keeps_exactly_once() {
+    let mut extra = ROCKSDB_INCREMENTAL.to_vec();
+    extra.push("--unaligned");
+    assert_clean(kill_at_failpoints_and_resume(32, 2, &extra));
+}
+
+/// RocksDB with full checkpoints (files in the checkpoint's own directory), killed at every
+/// failpoint.
+#[test]
+fn rocksdb_full_checkpoints_sigkilled_at_failpoints_keep_exactly_once() {
+    assert_clean(kill_at_failpoints_and_resume(
+        33,
+        2,
+        &["-D", "state.backend.type=rocksdb"],
+    ));
 }
 
 #[test]

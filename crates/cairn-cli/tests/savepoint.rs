@@ -58,8 +58,20 @@ fn run_and_stop(
     parallelism: u32,
     from: Option<&Path>,
 ) -> PathBuf {
+    run_and_stop_with(out, ck, sp, parallelism, from, &[])
+}
+
+/// [`run_and_stop`] with more flags.
+fn run_and_stop_with(
+    out: &Path,
+    ck: &Path,
+    sp: &Path,
+    parallelism: u32,
+    from: Option<&Path>,
+    extra: &[&str],
+) -> PathBuf {
     let mut cmd = wordcount(out, ck, parallelism, from, RATE);
-    cmd.arg("--savepoint-on-exit").arg(sp);
+    cmd.arg("--savepoint-on-exit").arg(sp).args(extra);
     let (path, stderr) = Watched::spawn(&mut cmd)
         .stop_with_savepoint_after_a_checkpoint(ck, Instant::now() + DEADLINE);
     assert!(stderr.contains("wordcount finished"), "{stderr}");
@@ -537,6 +549,44 @@ fn no_claim_never_touches_the_snapshot_and_claim_deletes_it_once_subsumed() {
 /// version) with `CAIRN_WRITE_SAVEPOINT_FIXTURE=1 cargo test --release -p cairn-cli --test
 /// savepoint committed_savepoint_fixture`.
 const FIXTURE: &str = "tests/fixtures/savepoint-v2";
+const ROCKSDB: [&str; 4] = [
+    "-D",
+    "state.backend.type=rocksdb",
+    "-D",
+    "state.backend.incremental=true",
+];
+
+/// Savepoints are in the backend-independent format: a job stopped on the heap backend
+/// resumes on RocksDB (at another parallelism), is stopped there, and resumes on the heap
+/// again; every word's counts are committed exactly once across the three runs.
+#[test]
+fn savepoints_move_a_job_between_the_heap_and_rocksdb_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, sp) = (dir.path().join("out"), dir.path().join("savepoints"));
+    let first = run_and_stop(&out, &dir.path().join("ck1"), &sp, 2, None);
+    let after_first = committed_records(&out);
+    assert!(after_first > 0 && after_first < WORDS, "{after_first}");
+    let second = run_and_stop_with(
+        &out,
+        &dir.path().join("ck2"),
+        &sp,
+        3,
+        Some(&first),
+        &ROCKSDB,
+    );
+    let after_second = committed_records(&out);
+    assert!(
+        after_second > after_first && after_second < WORDS,
+        "the RocksDB run must stop mid-run: {after_second} of {WORDS}"
+    );
+    let mut last = wordcount(&out, &dir.path().join("ck3"), 2, Some(&second), "0");
+    let (status, stderr) = Watched::spawn(&mut last).wait(Instant::now() + DEADLINE);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("restored from"), "{stderr}");
+    assert_exactly_once(&out, &generated_counts(WORDS, KEYS));
+    assert_no_leftovers(&out);
+}
+
 const FIXTURE_WORDS: u64 = 6_000;
 const FIXTURE_KEYS: u64 = 40;
 
@@ -636,6 +686,31 @@ fn committed_savepoint_fixture_restores_and_continues_exactly_once() {
     assert_eq!(committed_records(&out), before);
 
     let (status, stderr) = Watched::spawn(&mut resume()).wait(Instant::now() + DEADLINE);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("restored from"), "{stderr}");
+    assert_exactly_once(&out, &generated_counts(FIXTURE_WORDS, FIXTURE_KEYS));
+    assert_no_leftovers(&out);
+}
+
+/// The committed savepoint fixture (written on the heap backend by format version 2) restores
+/// on the RocksDB backend at parallelism 3 and continues exactly once.
+#[test]
+fn committed_savepoint_fixture_restores_on_rocksdb() {
+    let fixture = fixture_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let (out, sp) = (dir.path().join("out"), dir.path().join("sp"));
+    copy_committed(&fixture.join("output"), &out);
+    copy_dir(&fixture.join("savepoint"), &sp);
+    let mut cmd = cairn();
+    cmd.args(["run", "wordcount", "--generate", &FIXTURE_WORDS.to_string()])
+        .args(["--keys", &FIXTURE_KEYS.to_string(), "-p", "3", "--output"])
+        .arg(&out)
+        .arg("--checkpoint-dir")
+        .arg(dir.path().join("ck"))
+        .arg("--from")
+        .arg(&sp)
+        .args(ROCKSDB);
+    let (status, stderr) = Watched::spawn(&mut cmd).wait(Instant::now() + DEADLINE);
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("restored from"), "{stderr}");
     assert_exactly_once(&out, &generated_counts(FIXTURE_WORDS, FIXTURE_KEYS));

@@ -162,6 +162,7 @@ fn metadata(id: u64, trigger: u64) -> CheckpointMetadata {
                 ..TaskCheckpointStats::default()
             },
         ],
+        shared_files: Vec::new(),
     }
 }
 

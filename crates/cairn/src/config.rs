@@ -54,6 +54,11 @@ pub mod keys {
     pub const NUM_RETAINED: &str = "state.checkpoints.num-retained";
     /// `state.backend.incremental`: write incremental checkpoints where the backend supports it.
     pub const INCREMENTAL: &str = "state.backend.incremental";
+    /// `state.backend.rocksdb.localdir`: where RocksDB instances keep their working files.
+    pub const ROCKSDB_LOCAL_DIR: &str = "state.backend.rocksdb.localdir";
+    /// `state.backend.rocksdb.memory.fixed-per-slot`: the memory budget of one subtask's
+    /// RocksDB instance: block cache, write buffers and cached objects together.
+    pub const ROCKSDB_MEMORY: &str = "state.backend.rocksdb.memory.fixed-per-slot";
     /// Restore although the checkpoint holds state of operators the job no longer has (that
     /// state is dropped); `--allow-non-restored-state`.
     pub const IGNORE_UNCLAIMED_STATE: &str = "execution.state-recovery.ignore-unclaimed-state";
@@ -121,6 +126,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::SAVEPOINTS_DIR,
     keys::NUM_RETAINED,
     keys::INCREMENTAL,
+    keys::ROCKSDB_LOCAL_DIR,
+    keys::ROCKSDB_MEMORY,
     keys::IGNORE_UNCLAIMED_STATE,
     keys::CLAIM_MODE,
     keys::CHECKPOINT_RETENTION,
@@ -597,6 +604,10 @@ pub struct JobConfig {
     pub num_retained: u32,
     /// `state.backend.incremental` (default false).
     pub incremental: bool,
+    /// `state.backend.rocksdb.localdir` (default: `cairn-rocksdb` in the temporary directory).
+    pub rocksdb_local_dir: Option<PathBuf>,
+    /// `state.backend.rocksdb.memory.fixed-per-slot` in bytes (default 128 MiB, at least 8 MiB).
+    pub rocksdb_memory: u64,
     /// `execution.state-recovery.ignore-unclaimed-state` (default false).
     pub ignore_unclaimed_state: bool,
     /// `execution.state-recovery.claim-mode: CLAIM` (default false: `NO_CLAIM`).
@@ -633,6 +644,8 @@ impl Default for JobConfig {
             savepoints_dir: None,
             num_retained: 1,
             incremental: false,
+            rocksdb_local_dir: None,
+            rocksdb_memory: crate::state::rocks::DEFAULT_MEMORY_BYTES,
             ignore_unclaimed_state: false,
             claim_restored: false,
             retain_on_cancellation: false,
@@ -763,6 +776,8 @@ impl JobConfig {
             keys::SAVEPOINTS_DIR => self.savepoints_dir = Some(p.checkpoint_dir()?),
             keys::NUM_RETAINED => self.num_retained = p.u32_min(1)?,
             keys::INCREMENTAL => self.incremental = p.bool()?,
+            keys::ROCKSDB_LOCAL_DIR => self.rocksdb_local_dir = Some(p.checkpoint_dir()?),
+            keys::ROCKSDB_MEMORY => self.rocksdb_memory = p.memory_size(8 << 20)?,
             keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state = p.bool()?,
             keys::CLAIM_MODE => {
                 self.claim_restored = match value.trim().to_ascii_uppercase().as_str() {
@@ -935,6 +950,11 @@ impl JobConfig {
                     },
                     keys::NUM_RETAINED => self.num_retained.to_string(),
                     keys::INCREMENTAL => self.incremental.to_string(),
+                    keys::ROCKSDB_LOCAL_DIR => match &self.rocksdb_local_dir {
+                        Some(p) => p.display().to_string(),
+                        None => "(not set)".to_string(),
+                    },
+                    keys::ROCKSDB_MEMORY => format!("{}mb", self.rocksdb_memory >> 20),
                     keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state.to_string(),
                     keys::CLAIM_MODE => if self.claim_restored {
                         "CLAIM"
@@ -991,7 +1011,10 @@ fn expected_for(key: &str) -> &'static str {
         | keys::INCREMENTAL
         | keys::IGNORE_UNCLAIMED_STATE => "true or false",
         keys::STATE_BACKEND => "hashmap or rocksdb",
-        keys::CHECKPOINTS_DIR | keys::SAVEPOINTS_DIR => "a local directory path or a file:// URI",
+        keys::CHECKPOINTS_DIR | keys::SAVEPOINTS_DIR | keys::ROCKSDB_LOCAL_DIR => {
+            "a local directory path or a file:// URI"
+        }
+        keys::ROCKSDB_MEMORY => EXPECT_MEMORY,
         keys::RESTART_STRATEGY => {
             "one of none, off, disable, fixed-delay, failure-rate, exponential-delay"
         }
@@ -1003,6 +1026,26 @@ fn expected_for(key: &str) -> &'static str {
         keys::EXP_JITTER_FACTOR => "a number between 0.0 and 1.0",
         _ => "a valid value",
     }
+}
+
+/// What a memory size looks like.
+const EXPECT_MEMORY: &str = "a memory size of at least 8mb, such as 64mb, 512m or 1g";
+
+/// Parses a memory size as Flink writes them: a number and an optional unit (`b`, `k`/`kb`,
+/// `m`/`mb`, `g`/`gb`, case-insensitive; binary multiples), bytes without one.
+pub fn parse_memory_size(raw: &str) -> Option<u64> {
+    let s = raw.trim().to_ascii_lowercase();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let n: u64 = number.parse().ok()?;
+    let shift = match unit.trim() {
+        "" | "b" | "bytes" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
 }
 
 /// Parses one value for one key, producing [`ConfigError::InvalidValue`] on failure.
@@ -1041,6 +1084,14 @@ impl ValueParser<'_> {
         match self.raw.trim().parse::<u32>() {
             Ok(n) if n >= min => Ok(n),
             _ => Err(self.invalid(&expected)),
+        }
+    }
+
+    /// A memory size such as `64mb`, `1g`, `512kb` or bytes, at least `min` bytes.
+    fn memory_size(&self, min: u64) -> Result<u64, ConfigError> {
+        match parse_memory_size(self.raw) {
+            Some(n) if n >= min => Ok(n),
+            _ => Err(self.invalid(EXPECT_MEMORY)),
         }
     }
 
@@ -1545,6 +1596,8 @@ mod tests {
             savepoints_dir: None,
             num_retained: 5,
             incremental: true,
+            rocksdb_local_dir: None,
+            rocksdb_memory: crate::state::rocks::DEFAULT_MEMORY_BYTES,
             ignore_unclaimed_state: false,
             claim_restored: false,
             retain_on_cancellation: false,

@@ -15,6 +15,7 @@
 //! |---|---|
 //! | `checkpoint-completed` | the coordinator wrote checkpoint ID's `_metadata`; no task has been notified |
 //! | `upload` | a subtask's state file of checkpoint ID is written; its acknowledgement is not sent |
+//! | `disk-uploaded` | a subtask uploaded the RocksDB files of checkpoint ID; its state file is not written |
 //! | `sink-pre-committed` | a sink subtask pre-committed for checkpoint ID; it has not acknowledged, so ID cannot complete |
 //! | `sink-committing` | checkpoint ID completed and a sink subtask was notified; it has not committed (others may have) |
 //!
@@ -35,9 +36,10 @@ pub const ENV_POINTS: &str = "CAIRN_FAILPOINTS";
 pub const ENV_MARKER: &str = "CAIRN_FAILPOINT_MARKER";
 
 /// Every failpoint compiled in.
-pub const POINTS: [&str; 4] = [
+pub const POINTS: [&str; 5] = [
     "checkpoint-completed",
     "upload",
+    "disk-uploaded",
     "sink-pre-committed",
     "sink-committing",
 ];

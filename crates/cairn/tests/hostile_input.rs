@@ -269,8 +269,9 @@ fn metadata_whose_operator_count_claims_four_gib_is_refused_without_allocating_i
         ..seeds::metadata()
     })
     .unwrap();
-    // The fields after `max_parallelism`: operators (length 0), state_size, tasks (length 0).
-    let at = payload.len() - 4;
+    // The fields after `max_parallelism`: operators (length 0), state_size, tasks (length 0),
+    // shared_files (length 0).
+    let at = payload.len() - 5;
     assert_eq!(payload[at], 0, "{payload:?}");
     payload.splice(at..at + 1, [0xff, 0xff, 0xff, 0xff, 0x0f]);
     let file = encode_frame(FileKind::Metadata, &payload);

@@ -13,7 +13,7 @@
 //! path, the simulation delivers them whenever its schedule says. The only effects the
 //! coordinator has itself are on the checkpoint storage it is given.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,8 +23,11 @@ use super::{
     Barrier, BarrierKind, CheckpointMetadata, DeclineCause, OperatorMetadata, SubtaskStateHandle,
     TaskAck,
 };
-use crate::storage::format::{encode, FileKind};
-use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, METADATA_FILE};
+use crate::state::rocks::shared_file_checkpoint;
+use crate::storage::format::{decode, encode, FileKind};
+use crate::storage::layout::{
+    checkpoint_dir, metadata_path, parse_checkpoint_dir, shared_dir, METADATA_FILE,
+};
 use crate::storage::CheckpointStorage;
 
 /// Checkpointing settings (from `execution.checkpointing.*` and `state.checkpoints.*`).
@@ -172,6 +175,9 @@ pub struct CheckpointCoordinator {
     /// Planted bug (simulator tests only): intermediate savepoints commit side effects.
     #[cfg(test)]
     savepoints_commit: bool,
+    /// Planted bug (simulator tests only): shared files of checkpoints in flight are deleted.
+    #[cfg(test)]
+    gc_ignores_in_flight: bool,
     /// An instant and the wall-clock time (ms since the epoch) at that instant: barrier and
     /// metadata timestamps derive from `now`, so a simulated clock drives them too.
     epoch_base: (Instant, u64),
@@ -231,6 +237,8 @@ impl CheckpointCoordinator {
             savepoint_outcomes: Vec::new(),
             #[cfg(test)]
             savepoints_commit: false,
+            #[cfg(test)]
+            gc_ignores_in_flight: false,
             claimed: None,
             epoch_base,
         }
@@ -250,6 +258,13 @@ impl CheckpointCoordinator {
         self.savepoints_commit = true;
     }
 
+    /// Plants a bug (simulator tests only): a completion deletes every unreferenced shared
+    /// file, also those of checkpoints still in flight.
+    #[cfg(test)]
+    pub(crate) fn plant_gc_ignores_in_flight(&mut self) {
+        self.gc_ignores_in_flight = true;
+    }
+
     /// The job was cancelled and keeps no checkpoints: deletes every checkpoint directory of
     /// the job and a claimed snapshot (savepoints taken by the job live elsewhere and stay).
     pub fn delete_checkpoints(&mut self) {
@@ -260,6 +275,81 @@ impl CheckpointCoordinator {
                 self.remove_dir(id);
             }
         }
+        self.collect_shared_garbage(u64::MAX);
+    }
+
+    /// Deletes the files of `<job>/shared/` that no retained checkpoint references and that
+    /// checkpoints up to `upto` uploaded (a newer checkpoint may be in flight and about to
+    /// reference its files). Run after every completion, and with `u64::MAX` when the job
+    /// starts (nothing is in flight then; every completed checkpoint left in the directory
+    /// counts as referencing its files until retention deletes it) or deletes its
+    /// checkpoints. If a retained checkpoint's `_metadata` cannot be read, nothing is deleted.
+    pub fn collect_shared_garbage(&mut self, upto: u64) {
+        #[cfg(test)]
+        let upto = if self.gc_ignores_in_flight {
+            u64::MAX
+        } else {
+            upto
+        };
+        let dir = shared_dir(&self.job_id);
+        let names = match self.storage.list(&dir) {
+            Ok(names) if !names.is_empty() => names,
+            _ => return,
+        };
+        let mut referenced: HashSet<String> = HashSet::new();
+        for &id in &self.retained {
+            match self.retained_metadata(id) {
+                Ok(meta) => referenced.extend(meta.shared_files.iter().cloned()),
+                Err(e) => {
+                    warn!("keeping every shared file: cannot read checkpoint {id}: {e}");
+                    return;
+                }
+            }
+        }
+        if upto == u64::MAX {
+            for name in self.storage.list(&self.job_id).unwrap_or_default() {
+                let Some(id) = parse_checkpoint_dir(&name) else {
+                    continue;
+                };
+                let path = metadata_path(&self.job_id, id);
+                if let Ok(bytes) = self.storage.read(&path) {
+                    if let Ok(meta) = decode::<CheckpointMetadata>(FileKind::Metadata, &bytes) {
+                        referenced.extend(meta.shared_files);
+                    }
+                }
+            }
+        }
+        let mut deleted = 0usize;
+        for name in names {
+            let path = format!("{dir}/{name}");
+            if referenced.contains(&path) {
+                continue;
+            }
+            if shared_file_checkpoint(&name).is_some_and(|c| c <= upto) {
+                match self.storage.delete(&path) {
+                    Ok(()) => deleted += 1,
+                    Err(e) => debug!("cannot delete {path} yet: {e}"),
+                }
+            }
+        }
+        if deleted > 0 {
+            debug!(
+                deleted,
+                "deleted shared files no retained checkpoint references"
+            );
+        }
+    }
+
+    /// The `_metadata` of retained checkpoint `id`.
+    fn retained_metadata(&self, id: u64) -> Result<Arc<CheckpointMetadata>, String> {
+        if let Some(c) = self.completed.iter().find(|c| c.id == id) {
+            return Ok(c.metadata.clone());
+        }
+        let path = metadata_path(&self.job_id, id);
+        let bytes = self.storage.read(&path).map_err(|e| e.to_string())?;
+        decode::<CheckpointMetadata>(FileKind::Metadata, &bytes)
+            .map(Arc::new)
+            .map_err(|e| format!("{}: {e}", self.storage.location(&path)))
     }
 
     /// Fails every savepoint not taken yet (the job is ending, or cannot take one now).
@@ -425,6 +515,7 @@ impl CheckpointCoordinator {
             id,
             timestamp_ms: self.epoch_ms(now),
             aligned_only,
+            savepoint: savepoint.is_some(),
         };
         // The final checkpoint and savepoints are aligned: the final one so that no in-flight
         // data is left to be processed after the sinks' last pre-commit, savepoints so that
@@ -690,6 +781,7 @@ impl CheckpointCoordinator {
         });
         self.retained.push_back(id);
         self.apply_retention();
+        self.collect_shared_garbage(id);
         let num_retained = self.settings.num_retained.max(1);
         if let Some(c) = &mut self.claimed {
             c.newer += 1;
@@ -710,11 +802,13 @@ impl CheckpointCoordinator {
         let mut operators: BTreeMap<String, OperatorMetadata> = BTreeMap::new();
         let mut tasks = Vec::with_capacity(p.acks.len());
         let mut state_size = 0;
+        let mut shared_files = Vec::new();
         for (ack, info) in p.acks.into_iter().zip(&self.tasks) {
             let Some(ack) = ack else {
                 return Err("an acknowledgement is missing".into());
             };
             state_size += ack.stats.state_size;
+            shared_files.extend(ack.shared_files);
             if let Some(file) = &ack.file {
                 for acked in &ack.operators {
                     let uid = &acked.uid;
@@ -745,6 +839,8 @@ impl CheckpointCoordinator {
             }
             tasks.push(ack.stats);
         }
+        shared_files.sort_unstable();
+        shared_files.dedup();
         let meta = CheckpointMetadata {
             job_id: self.job_id.clone(),
             job_name: self.job_name.clone(),
@@ -755,6 +851,7 @@ impl CheckpointCoordinator {
             operators: operators.into_values().collect(),
             state_size,
             tasks,
+            shared_files,
         };
         Ok(meta)
     }
@@ -860,6 +957,7 @@ mod tests {
             file: None,
             operators: Vec::new(),
             stats: crate::checkpoint::TaskCheckpointStats::default(),
+            shared_files: Vec::new(),
         }
     }
 

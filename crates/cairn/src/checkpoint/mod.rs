@@ -28,6 +28,9 @@ pub struct Barrier {
     /// Never switch this checkpoint to unaligned. Set on the final checkpoint: everything
     /// before it must be processed — and committed by sinks — before the job ends.
     pub aligned_only: bool,
+    /// A savepoint: keyed state is written in the backend-independent format, so that it
+    /// restores on any state backend and references no file outside its own directory.
+    pub savepoint: bool,
 }
 
 /// How tasks treat barriers of a checkpoint.
@@ -140,6 +143,10 @@ pub struct CheckpointMetadata {
     pub state_size: u64,
     /// Per-subtask statistics.
     pub tasks: Vec<TaskCheckpointStats>,
+    /// The files in `<job>/shared/` the checkpoint references (incremental checkpoints of
+    /// disk state), relative to the storage root. Added in format version 3; last, so that a
+    /// version 2 `_metadata` reads with it empty.
+    pub shared_files: Vec<String>,
 }
 
 impl CheckpointMetadata {
@@ -165,6 +172,8 @@ pub struct TaskAck {
     pub operators: Vec<OperatorStates>,
     /// Statistics.
     pub stats: TaskCheckpointStats,
+    /// The shared files (`<job>/shared/...`) the state file references.
+    pub shared_files: Vec<String>,
 }
 
 /// Milliseconds since the Unix epoch.

@@ -15,8 +15,11 @@ use tracing::warn;
 use super::CheckpointMetadata;
 use crate::config::MAX_MAX_PARALLELISM;
 use crate::state::keygroup::KeyGroupRange;
-use crate::state::{KeyedTableData, OperatorListData, OperatorStateData, RestoredState, StateKind};
-use crate::storage::format::{decode, FileKind};
+use crate::state::rocks::DiskFileLocation;
+use crate::state::{
+    DiskStateData, KeyedTableData, OperatorListData, OperatorStateData, RestoredState, StateKind,
+};
+use crate::storage::format::{decode, FileKind, HEADER_LEN};
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, METADATA_FILE};
 use crate::storage::{validate_path, CheckpointStorage, FsStorage};
 
@@ -25,6 +28,9 @@ use crate::storage::{validate_path, CheckpointStorage, FsStorage};
 pub struct TaskStateFile {
     /// One entry per stateful operator.
     pub operators: Vec<OperatorStateData>,
+    /// The disk state (RocksDB checkpoints) of its operators whose keyed state is on disk.
+    /// Added in format version 3; last, so that a version 2 file reads with it empty.
+    pub disk: Vec<crate::state::DiskStateData>,
 }
 
 /// A validated checkpoint, loaded into memory.
@@ -40,6 +46,8 @@ pub struct LoadedCheckpoint {
     pub self_contained: bool,
     /// Operator uid → (old subtask, state), by old subtask index.
     states: HashMap<String, Vec<(u32, OperatorStateData)>>,
+    /// Operator uid → its disk state (RocksDB checkpoints), one per old subtask.
+    disk: HashMap<String, Vec<DiskStateData>>,
 }
 
 impl LoadedCheckpoint {
@@ -121,6 +129,15 @@ impl LoadedCheckpoint {
             return out;
         };
         let range = KeyGroupRange::for_subtask(self.metadata.max_parallelism, parallelism, subtask);
+        out.disk = self
+            .disk
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter(|d| d.range().intersects(&range))
+            .cloned()
+            .collect();
+        out.disk_root = self.storage_root.clone();
         for (_, data) in old {
             for t in &data.keyed {
                 let table = out
@@ -288,13 +305,49 @@ pub fn load_dir(
     for v in states.values_mut() {
         v.sort_by_key(|(s, _)| *s);
     }
+    let mut disk: HashMap<String, Vec<DiskStateData>> = HashMap::new();
+    for f in files.into_values() {
+        for d in f.disk {
+            check_disk_files(storage, &d)?;
+            disk.entry(d.uid.clone()).or_default().push(d);
+        }
+    }
     Ok(LoadedCheckpoint {
         metadata,
         location: storage.location(dir),
         storage_root: None,
         self_contained: false,
         states,
+        disk,
     })
+}
+
+/// Every file a disk state references is there, whole (its frame's length): a checkpoint whose
+/// shared file was deleted or truncated is not restorable.
+fn check_disk_files(storage: &dyn CheckpointStorage, d: &DiskStateData) -> Result<(), String> {
+    for f in &d.files {
+        if let DiskFileLocation::Stored { path, size } = &f.location {
+            let expected = size + HEADER_LEN as u64;
+            match storage.size(path) {
+                Ok(actual) if actual == expected => {}
+                Ok(actual) => {
+                    return Err(format!(
+                        "{}: {actual} bytes, expected {expected} (state of operator '{}')",
+                        storage.location(path),
+                        d.uid
+                    ))
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{}: {e} (state of operator '{}')",
+                        storage.location(path),
+                        d.uid
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks every index in `_metadata` that restoring computes with or compares against: the
@@ -616,6 +669,7 @@ mod tests {
                 )],
                 channel: None,
             }],
+            disk: Vec::new(),
         };
         let bytes = encode(FileKind::TaskState, &state).unwrap();
         storage.write(&format!("{dir}/task-0-0"), &bytes).unwrap();
@@ -637,6 +691,7 @@ mod tests {
             }],
             state_size: bytes.len() as u64,
             tasks: Vec::new(),
+            shared_files: Vec::new(),
         };
         let bytes = encode(FileKind::Metadata, &meta).unwrap();
         storage
@@ -748,6 +803,7 @@ mod tests {
             }],
             state_size: 0,
             tasks: Vec::new(),
+            shared_files: Vec::new(),
         };
         let mut state = TaskStateFile {
             operators: vec![OperatorStateData {
@@ -764,6 +820,7 @@ mod tests {
                     channels: vec![(0, vec![vec![7]]), (1, vec![vec![8], vec![9]])],
                 }),
             }],
+            disk: Vec::new(),
         };
         edit(&mut meta, &mut state);
         let storage = MemoryStorage::new();
@@ -810,6 +867,7 @@ mod tests {
                     ],
                     channel: None,
                 }],
+                disk: Vec::new(),
             };
             let path = format!("job/chk-3/{file}");
             storage
@@ -835,6 +893,7 @@ mod tests {
             }],
             state_size: 0,
             tasks: Vec::new(),
+            shared_files: Vec::new(),
         };
         storage
             .write_atomic(

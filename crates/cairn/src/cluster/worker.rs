@@ -957,6 +957,7 @@ mod tests {
                         id: 1,
                         timestamp_ms: 0,
                         aligned_only: false,
+                        savepoint: false,
                     },
                     1,
                 ),

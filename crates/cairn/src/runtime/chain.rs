@@ -58,7 +58,7 @@ pub trait Operator<I, O>: Send + 'static {
         Ok(None)
     }
     /// Synchronous part of a snapshot (None: stateless).
-    fn snapshot(&mut self, _checkpoint_id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+    fn snapshot(&mut self, _checkpoint_id: Barrier) -> TaskResult<Option<OperatorSnapshot>> {
         Ok(None)
     }
     /// Checkpoint `id` completed.
@@ -95,11 +95,15 @@ pub trait TwoInputOperator<I1, I2, O>: Send + 'static {
         Ok(None)
     }
     /// Synchronous part of a snapshot.
-    fn snapshot(&mut self, _checkpoint_id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+    fn snapshot(&mut self, _checkpoint_id: Barrier) -> TaskResult<Option<OperatorSnapshot>> {
         Ok(None)
     }
     /// Checkpoint `id` completed.
     fn notify_complete(&mut self, _checkpoint_id: u64) -> TaskResult {
+        Ok(())
+    }
+    /// Checkpoint `id` was aborted.
+    fn notify_aborted(&mut self, _checkpoint_id: u64) -> TaskResult {
         Ok(())
     }
 }
@@ -117,7 +121,7 @@ pub trait Chain<I>: Send {
     /// Processing time reached `now_ms`: every operator fires its due timers.
     fn processing_time(&mut self, now_ms: i64) -> TaskResult;
     /// Collects the synchronous snapshots of every operator.
-    fn snapshot(&mut self, checkpoint_id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult;
+    fn snapshot(&mut self, checkpoint_id: Barrier, out: &mut Vec<OperatorSnapshot>) -> TaskResult;
     /// Notifies every operator that a checkpoint completed.
     fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult;
     /// Notifies every operator that a checkpoint was aborted.
@@ -191,7 +195,7 @@ impl<I: 'static, O: Send + 'static, Op: Operator<I, O>> Chain<I> for Link<I, O, 
         }
         self.next.processing_time(now_ms)
     }
-    fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+    fn snapshot(&mut self, id: Barrier, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
         if let Some(s) = self.op.snapshot(id)? {
             out.push(s);
         }
@@ -242,7 +246,7 @@ impl<T: Send> Chain<T> for NullChain {
     fn processing_time(&mut self, _: i64) -> TaskResult {
         Ok(())
     }
-    fn snapshot(&mut self, _: u64, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
+    fn snapshot(&mut self, _: Barrier, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
         Ok(())
     }
     fn notify_complete(&mut self, _: u64) -> TaskResult {
@@ -468,7 +472,7 @@ impl<T: Clone + Send + Serialize + 'static> Chain<T> for RecordWriter<T> {
     fn processing_time(&mut self, _: i64) -> TaskResult {
         Ok(())
     }
-    fn snapshot(&mut self, _: u64, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
+    fn snapshot(&mut self, _: Barrier, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
         Ok(())
     }
     fn notify_complete(&mut self, _: u64) -> TaskResult {
@@ -547,7 +551,7 @@ pub trait TaskBody: Send {
     /// Sources: reads one batch and pushes it down the chain; returns (records, status).
     fn poll_source(&mut self) -> TaskResult<(usize, SourceStatus)>;
     /// Synchronous snapshot of every operator of the chain.
-    fn snapshot(&mut self, checkpoint_id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult;
+    fn snapshot(&mut self, checkpoint_id: Barrier, out: &mut Vec<OperatorSnapshot>) -> TaskResult;
     /// Checkpoint completed.
     fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult;
     /// Checkpoint aborted.
@@ -612,7 +616,7 @@ impl<I> OneInputBody<I> {
 
 macro_rules! delegate_chain {
     ($field:ident) => {
-        fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+        fn snapshot(&mut self, id: Barrier, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
             self.$field.snapshot(id, out)
         }
         fn notify_complete(&mut self, id: u64) -> TaskResult {
@@ -804,7 +808,7 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
         }
         self.output(Some(WatermarkOutput::Watermark(WATERMARK_MAX)))
     }
-    fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+    fn snapshot(&mut self, id: Barrier, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
         let splits = self.reader.snapshot()?;
         let splits = OperatorListData::connector(SOURCE_SPLITS_STATE, "source split", splits);
         let watermark = postcard::to_stdvec(&self.watermark).map_err(TaskError::msg)?;
@@ -916,7 +920,7 @@ where
     fn poll_source(&mut self) -> TaskResult<(usize, SourceStatus)> {
         Err(TaskError::msg("not a source task"))
     }
-    fn snapshot(&mut self, id: u64, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+    fn snapshot(&mut self, id: Barrier, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
         if let Some(s) = self.op.snapshot(id)? {
             out.push(s);
         }
@@ -927,6 +931,7 @@ where
         self.next.notify_complete(id)
     }
     fn notify_aborted(&mut self, id: u64) -> TaskResult {
+        self.op.notify_aborted(id)?;
         self.next.notify_aborted(id)
     }
     fn emit(&mut self, event: Event) -> TaskResult {

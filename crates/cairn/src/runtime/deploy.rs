@@ -18,9 +18,9 @@ use super::plan::Plan;
 use super::task::{run_uploader, JobEvent, JobMetrics, TaskRuntime, UploadJob};
 use crate::checkpoint::coordinator::TaskInfo;
 use crate::checkpoint::LoadedCheckpoint;
-use crate::config::{CheckpointingMode, JobConfig};
+use crate::config::{CheckpointingMode, JobConfig, StateBackendKind};
 use crate::error::TaskError;
-use crate::state::ChannelStateData;
+use crate::state::{ChannelStateData, RocksDbSettings};
 use crate::storage::CheckpointStorage;
 
 /// A deployed subtask: what the coordinator knows of it, and how to reach its mailbox.
@@ -179,6 +179,24 @@ pub struct DeployRequest<'a> {
     pub sources_stopped: bool,
 }
 
+/// Where keyed state lives: RocksDB settings when `state.backend.type: rocksdb`.
+fn rocksdb_settings(cx: &DeployRequest<'_>) -> Option<RocksDbSettings> {
+    if cx.config.state_backend != StateBackendKind::RocksDb {
+        return None;
+    }
+    Some(RocksDbSettings {
+        local_dir: cx
+            .config
+            .rocksdb_local_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("cairn-rocksdb")),
+        memory_bytes: cx.config.rocksdb_memory,
+        incremental: cx.config.incremental,
+        storage: cx.storage.clone(),
+        job_id: cx.job_id.to_string(),
+    })
+}
+
 /// Builds and starts the subtasks `placement` puts in this process.
 pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deployment, TaskError> {
     let graph = cx.graph;
@@ -272,6 +290,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
         CheckpointingMode::AtLeastOnce => AlignmentMode::Tracking,
     };
     let (upload_tx, upload_rx) = crossbeam_channel::unbounded::<UploadJob>();
+    let rocksdb = rocksdb_settings(cx);
     let mut bodies: Vec<BuiltTask> = Vec::with_capacity(total);
     let mut infos = Vec::with_capacity(total);
     for (vi, v) in plan.vertices.iter().enumerate() {
@@ -295,6 +314,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                         .restored
                         .map(|c| c.restored_for(&spec.uid, i, p))
                         .unwrap_or_default(),
+                    rocksdb: rocksdb.clone(),
                 }
             };
             let tail = *v.nodes.last().unwrap_or(&v.nodes[0]);

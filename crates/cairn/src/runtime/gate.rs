@@ -908,6 +908,7 @@ mod tests {
             aligned_only: false,
             id,
             timestamp_ms: t0().wall_ms,
+            savepoint: false,
         }
     }
 

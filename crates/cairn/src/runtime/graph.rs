@@ -8,8 +8,8 @@ use std::sync::Arc;
 use super::chain::TaskBody;
 use super::channel::ChannelSender;
 use super::operators::SinkOwner;
-use crate::error::TaskResult;
-use crate::state::{Key, KeyedContext, OperatorStateStore, RestoredState};
+use crate::error::{TaskError, TaskResult};
+use crate::state::{Key, KeyedContext, OperatorStateStore, RestoredState, RocksDbSettings};
 
 /// What one subtask of an operator is built with.
 pub struct SubtaskInit {
@@ -29,16 +29,51 @@ pub struct SubtaskInit {
     pub watermark_interval: std::time::Duration,
     /// The operator's state from the restored checkpoint (empty on a fresh start).
     pub restored: RestoredState,
+    /// Keyed state lives in RocksDB (`state.backend.type: rocksdb`); None: on the heap.
+    pub rocksdb: Option<RocksDbSettings>,
 }
 
 impl SubtaskInit {
-    /// The keyed state backend of this subtask, with its restored key groups.
+    /// The keyed state backend of this subtask, with its restored key groups. A backend that
+    /// cannot be opened (or restored disk state on the heap backend) fails the operator's
+    /// [`KeyedContext::check_restored`].
     pub fn keyed_context<K: Key>(&mut self) -> KeyedContext<K> {
-        KeyedContext::new(
+        let keyed = std::mem::take(&mut self.restored.keyed);
+        let disk = std::mem::take(&mut self.restored.disk);
+        let Some(settings) = &self.rocksdb else {
+            let ctx =
+                KeyedContext::new(self.subtask, self.parallelism, self.max_parallelism, keyed);
+            if disk.is_empty() {
+                return ctx;
+            }
+            return ctx.failed(TaskError::Unrecoverable(format!(
+                "the keyed state of operator '{}' was checkpointed by the rocksdb state backend; restore it with state.backend.type: rocksdb, or move it to another backend with a savepoint",
+                self.uid
+            )));
+        };
+        let mut settings = settings.clone();
+        if let Some(root) = &self.restored.disk_root {
+            match crate::storage::FsStorage::open(root) {
+                Ok(fs) => settings.storage = Arc::new(fs),
+                Err(e) => {
+                    let ctx = KeyedContext::new(
+                        self.subtask,
+                        self.parallelism,
+                        self.max_parallelism,
+                        keyed,
+                    );
+                    return ctx.failed(TaskError::msg(e.to_string()));
+                }
+            }
+        }
+        KeyedContext::on_disk(
+            &self.uid,
             self.subtask,
             self.parallelism,
             self.max_parallelism,
-            std::mem::take(&mut self.restored.keyed),
+            keyed,
+            disk,
+            &settings,
         )
     }
 

@@ -27,7 +27,7 @@ use crate::checkpoint::{
     find_latest, find_latest_of, load_from_path, unfinished_job, CheckpointCoordinator,
     LoadedCheckpoint,
 };
-use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig, StateBackendKind};
+use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig};
 use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
 
 /// Where a run starts from.
@@ -173,11 +173,6 @@ pub fn run_job_with(
     config
         .validate()
         .map_err(|e| JobError::Setup(e.to_string()))?;
-    if config.state_backend == StateBackendKind::RocksDb {
-        return Err(JobError::Setup(
-            "state.backend.type: 'rocksdb' is not available in this build; use 'hashmap'".into(),
-        ));
-    }
     if config.unaligned_enabled && config.checkpointing_mode == CheckpointingMode::AtLeastOnce {
         return Err(JobError::Setup(
             "execution.checkpointing.unaligned.enabled: unaligned checkpoints need execution.checkpointing.mode EXACTLY_ONCE".into(),
@@ -375,6 +370,9 @@ pub fn run_job_with(
                 c.adopt_retained(r.id());
             }
         }
+        // Shared files left by checkpoints that never completed, or by retained ones deleted
+        // before a crash: nothing is in flight yet.
+        c.collect_shared_garbage(u64::MAX);
         if let (Some(dir), Some(r)) = (claimed_external.take(), &restored) {
             info!("claiming {}: it is deleted once subsumed", r.location);
             c.claim_external(

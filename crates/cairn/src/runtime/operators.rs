@@ -6,6 +6,7 @@ use super::functions::{
     CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction, ProcessFunction,
 };
 use super::watermark::{TimestampFn, WATERMARK_MAX};
+use crate::checkpoint::Barrier;
 use crate::error::TaskResult;
 use crate::state::{
     Key, KeyedContext, OperatorListData, OperatorSnapshot, OperatorStateStore, TimeDomain,
@@ -90,7 +91,7 @@ where
         }
         Ok(())
     }
-    fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+    fn snapshot(&mut self, _id: Barrier) -> TaskResult<Option<OperatorSnapshot>> {
         self.f.snapshot_state(&mut self.store)?;
         Ok(Some(self.store.snapshot(&self.uid)))
     }
@@ -227,8 +228,19 @@ where
         })?;
         Ok(None)
     }
-    fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
-        Ok(Some(self.ctx.snapshot(&self.uid)))
+    fn snapshot(&mut self, barrier: Barrier) -> TaskResult<Option<OperatorSnapshot>> {
+        let snap = self
+            .ctx
+            .snapshot_for(&self.uid, barrier.id, barrier.savepoint)?;
+        Ok(Some(snap))
+    }
+    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
+        self.ctx.notify_complete(checkpoint_id);
+        Ok(())
+    }
+    fn notify_aborted(&mut self, checkpoint_id: u64) -> TaskResult {
+        self.ctx.notify_aborted(checkpoint_id);
+        Ok(())
     }
 }
 
@@ -334,8 +346,19 @@ where
         })?;
         Ok(None)
     }
-    fn snapshot(&mut self, _id: u64) -> TaskResult<Option<OperatorSnapshot>> {
-        Ok(Some(self.ctx.snapshot(&self.uid)))
+    fn snapshot(&mut self, barrier: Barrier) -> TaskResult<Option<OperatorSnapshot>> {
+        let snap = self
+            .ctx
+            .snapshot_for(&self.uid, barrier.id, barrier.savepoint)?;
+        Ok(Some(snap))
+    }
+    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
+        self.ctx.notify_complete(checkpoint_id);
+        Ok(())
+    }
+    fn notify_aborted(&mut self, checkpoint_id: u64) -> TaskResult {
+        self.ctx.notify_aborted(checkpoint_id);
+        Ok(())
     }
 }
 
@@ -453,7 +476,8 @@ impl<T: Send + 'static> Operator<T, ()> for SinkOp<T> {
     fn end_input(&mut self, _out: &mut Vec<()>) -> TaskResult {
         self.writer.finish()
     }
-    fn snapshot(&mut self, id: u64) -> TaskResult<Option<OperatorSnapshot>> {
+    fn snapshot(&mut self, id: Barrier) -> TaskResult<Option<OperatorSnapshot>> {
+        let id = id.id;
         let pending = self.writer.pre_commit(id)?;
         crate::failpoint::hit("sink-pre-committed", id);
         let pending = OperatorListData::connector(SINK_PENDING_STATE, "sink transaction", pending);

@@ -19,7 +19,7 @@ use super::watermark::{WatermarkOutput, WatermarkValve};
 use crate::checkpoint::restore::TaskStateFile;
 use crate::checkpoint::{now_ms, DeclineCause, OperatorStates, TaskAck, TaskCheckpointStats};
 use crate::error::{TaskError, TaskResult};
-use crate::state::{ChannelStateData, OperatorSnapshot};
+use crate::state::{ChannelStateData, OperatorSnapshot, UploadTarget};
 use crate::storage::format::{encode, FileKind};
 use crate::storage::layout::checkpoint_dir;
 use crate::storage::CheckpointStorage;
@@ -79,25 +79,45 @@ pub fn run_uploader(
         let t0 = Instant::now();
         let id = job.checkpoint_id;
         let path = format!("{}/{}", checkpoint_dir(&job_id, id), job.file);
-        let result = (|| -> TaskResult<(Vec<OperatorStates>, u64)> {
+        let result = (|| -> TaskResult<(Vec<OperatorStates>, u64, Vec<String>)> {
+            let target = UploadTarget {
+                storage: storage.as_ref(),
+                job_id: &job_id,
+                checkpoint_id: id,
+                file: &job.file,
+            };
             let mut operators = Vec::with_capacity(job.snapshots.len());
+            let mut disk = Vec::new();
             for s in job.snapshots {
-                operators.push(s.finish()?);
+                let (data, handle) = s.finish_to(&target)?;
+                operators.push(data);
+                disk.extend(handle);
             }
             let uids = operators
                 .iter()
-                .map(|o| OperatorStates {
-                    uid: o.uid.clone(),
-                    states: o.descriptors(),
+                .map(|o| {
+                    let mut states = o.descriptors();
+                    if let Some(d) = disk.iter().find(|d| d.uid == o.uid) {
+                        states.extend(d.states.iter().cloned());
+                    }
+                    OperatorStates {
+                        uid: o.uid.clone(),
+                        states,
+                    }
                 })
                 .collect();
-            let bytes = encode(FileKind::TaskState, &TaskStateFile { operators })?;
+            let shared: Vec<String> = disk
+                .iter()
+                .flat_map(|d| d.shared_files().map(str::to_string))
+                .collect();
+            let disk_bytes: u64 = disk.iter().map(|d| d.size()).sum();
+            let bytes = encode(FileKind::TaskState, &TaskStateFile { operators, disk })?;
             storage.write(&path, &bytes)?;
             crate::failpoint::hit("upload", id);
-            Ok((uids, bytes.len() as u64))
+            Ok((uids, bytes.len() as u64 + disk_bytes, shared))
         })();
         let event = match result {
-            Ok((uids, size)) => {
+            Ok((uids, size, shared_files)) => {
                 let mut stats = job.stats;
                 stats.async_ms = t0.elapsed().as_millis() as u64;
                 stats.state_size = size;
@@ -108,6 +128,7 @@ pub fn run_uploader(
                     file: Some(job.file),
                     operators: uids,
                     stats,
+                    shared_files,
                 })
             }
             Err(e) => JobEvent::Decline {
@@ -201,7 +222,7 @@ impl TaskRuntime {
     fn snapshot(&mut self, barrier: Barrier, alignment: Duration, unaligned: bool) -> TaskResult {
         let t0 = Instant::now();
         let mut snapshots = Vec::new();
-        self.body.snapshot(barrier.id, &mut snapshots)?;
+        self.body.snapshot(barrier, &mut snapshots)?;
         snapshots.retain(|s| !s.is_empty());
         let stats = TaskCheckpointStats {
             task: self.name.clone(),
@@ -272,6 +293,7 @@ impl TaskRuntime {
                 file: None,
                 operators: Vec::new(),
                 stats: stats.clone(),
+                shared_files: Vec::new(),
             }));
             return Ok(());
         }
@@ -931,6 +953,7 @@ mod tests {
             id,
             timestamp_ms: now_ms(),
             aligned_only: true,
+            savepoint: false,
         }
     }
 

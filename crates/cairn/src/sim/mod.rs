@@ -334,4 +334,30 @@ mod tests {
     fn finds_a_drained_source_that_reads_on() {
         finds(Planted::DrainedSourceReadsOn, &Mode::ALL, 2_000);
     }
+
+    /// Incremental disk state: a completion that deletes the shared files a newer checkpoint in
+    /// flight just uploaded leaves that checkpoint referencing deleted files.
+    #[test]
+    fn finds_shared_files_deleted_under_a_checkpoint_in_flight() {
+        finds(Planted::SharedGcIgnoresInFlight, &[Mode::Concurrent], 2_000);
+    }
+
+    /// Incremental disk state: referencing an upload whose checkpoint may still be aborted (and
+    /// its files deleted) instead of uploading the file again.
+    #[test]
+    fn finds_references_to_files_of_unconfirmed_checkpoints() {
+        finds(Planted::ReusesUnconfirmedFiles, &Mode::ALL, 5_000);
+    }
+
+    /// Incremental disk state: referencing the confirmed checkpoint's upload of a file that a
+    /// snapshot taken since uploaded again under its own name (that snapshot may complete
+    /// first, and the confirmed upload is deleted under this one).
+    #[test]
+    fn finds_references_to_an_upload_that_newer_snapshots_replaced() {
+        finds(
+            Planted::ReusesConfirmedOverNewerUploads,
+            &[Mode::Concurrent],
+            2_000,
+        );
+    }
 }

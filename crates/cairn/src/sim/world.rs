@@ -22,7 +22,7 @@
 //! while the other runs on).
 
 use std::any::Any;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,8 @@ use crate::checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointSettings, TaskInfo, TaskMessage,
 };
 use crate::checkpoint::{
-    DeclineCause, OperatorStates, SavepointOutcome, SavepointRequest, TaskAck, TaskCheckpointStats,
+    CheckpointMetadata, DeclineCause, OperatorStates, SavepointOutcome, SavepointRequest, TaskAck,
+    TaskCheckpointStats,
 };
 use crate::config::RestartStrategyConfig;
 use crate::error::TaskError;
@@ -45,7 +46,8 @@ use crate::runtime::task::JobEvent;
 use crate::runtime::watermark::{WatermarkOutput, WatermarkValve};
 use crate::runtime::SavepointKind;
 use crate::state::Timers;
-use crate::storage::layout::{checkpoint_dir, metadata_path};
+use crate::storage::format::{decode, FileKind};
+use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, shared_dir};
 use crate::storage::{CheckpointStorage, MemoryStorage};
 
 /// Source subtasks.
@@ -126,6 +128,16 @@ pub(crate) enum Planted {
     DrainAfterBarrier,
     /// A source restored from a drained stop reads on as if event time had not ended.
     DrainedSourceReadsOn,
+    /// The coordinator deletes every unreferenced shared file at a completion, also those a
+    /// newer checkpoint in flight just uploaded.
+    SharedGcIgnoresInFlight,
+    /// A counter references the files of checkpoints that did not complete yet, as if
+    /// confirmed.
+    ReusesUnconfirmedFiles,
+    /// A counter references every upload of the last checkpoint it saw complete, also when a
+    /// snapshot taken since uploaded the same file again (the first version of the RocksDB
+    /// backend; the simulation found it with concurrent checkpoints).
+    ReusesConfirmedOverNewerUploads,
 }
 
 /// Event time of the records: a record's time is its position in its source; windows are this
@@ -179,6 +191,25 @@ pub(crate) struct Snap {
     state: State,
     /// In-flight batches per input channel (unaligned), serialized.
     channels: Vec<(usize, Vec<Vec<u8>>)>,
+    /// A counter's disk state (the RocksDB backend, incremental): its live files, each with
+    /// its path in the shared directory and whether this checkpoint uploads it (false: it
+    /// references an upload of an earlier checkpoint). Empty for a savepoint (the
+    /// backend-independent format).
+    disk: Vec<(u64, String, bool)>,
+}
+
+/// A counter's disk state as the RocksDB backend with incremental checkpoints keeps it: the
+/// numbers of its live immutable files (a flush adds one at every snapshot, a compaction
+/// replaces two with one), what the last checkpoint it saw complete referenced, and what each
+/// snapshot taken since references (`state::rocks`: a file's earlier upload is referenced only
+/// if the confirmed checkpoint and every snapshot since reference that same upload).
+#[derive(Debug, Default)]
+struct Lsm {
+    instance: u64,
+    next: u64,
+    live: Vec<u64>,
+    confirmed: BTreeMap<u64, String>,
+    decided: BTreeMap<u64, BTreeMap<u64, String>>,
 }
 
 /// A sink transaction: the checkpoint that pre-committed it and the attempt (a crashed
@@ -253,6 +284,8 @@ struct Task {
     exited: bool,
     /// Cancelled by the master or lost with its worker: it runs no more.
     gone: bool,
+    /// A counter's disk state.
+    lsm: Lsm,
 }
 
 enum Item {
@@ -312,6 +345,8 @@ pub(crate) struct World {
     outputs: Vec<Vec<usize>>,
     inputs: Vec<Vec<usize>>,
     input: Vec<Vec<u64>>,
+    /// The input as generated, before a drained stop ended it early.
+    generated: Vec<Vec<u64>>,
     uploads: VecDeque<(u32, usize, u64, Snap)>,
     events: VecDeque<JobEvent>,
     settings: CheckpointSettings,
@@ -335,6 +370,9 @@ pub(crate) struct World {
     /// The stop-with-savepoint the current process completed: the job ends, and is resumed
     /// from it (unless it drained event time: then the job is over for good).
     stopped_at: Option<(u64, String)>,
+    /// Disk state instances opened so far (each gets its own number, as a RocksDB instance
+    /// gets its own id).
+    instances: u64,
     /// Restarts of earlier processes (the current master counts its own).
     process_restarts: u32,
     finished: bool,
@@ -521,6 +559,7 @@ impl World {
             channels,
             outputs,
             inputs,
+            generated: input.clone(),
             input,
             uploads: VecDeque::new(),
             events: VecDeque::new(),
@@ -536,6 +575,7 @@ impl World {
             savepoint_target: MemoryStorage::new(),
             savepoint_requests: BTreeMap::new(),
             stopped_at: None,
+            instances: 0,
             process_restarts: 0,
             finished: false,
             violation: None,
@@ -609,9 +649,11 @@ impl World {
         if let Some(Planted::Master(f)) = self.cfg.planted {
             self.master.plant(f);
         }
-        if self.cfg.planted == Some(Planted::SavepointCommits) {
-            if let Some(c) = self.master.coordinator_mut() {
-                c.plant_savepoints_commit();
+        if let Some(c) = self.master.coordinator_mut() {
+            match self.cfg.planted {
+                Some(Planted::SavepointCommits) => c.plant_savepoints_commit(),
+                Some(Planted::SharedGcIgnoresInFlight) => c.plant_gc_ignores_in_flight(),
+                _ => {}
             }
         }
         self.stopped_at = None;
@@ -867,6 +909,7 @@ impl World {
                 pre_committed: Vec::new(),
             }
         };
+        let lsm = self.restored_lsm(t, snap.as_ref());
         let replay = snap
             .map(|s| s.channels.into_iter().flat_map(|(_, b)| b).collect())
             .unwrap_or_default();
@@ -896,6 +939,111 @@ impl World {
             failed: false,
             exited: false,
             gone: false,
+            lsm,
+        }
+    }
+
+    /// A new disk state instance for task `t`, restored from `snap`'s files: every one must
+    /// still be in the shared directory. This job's files may be referenced again.
+    fn restored_lsm(&mut self, t: usize, snap: Option<&Snap>) -> Lsm {
+        self.instances += 1;
+        let mut lsm = Lsm {
+            instance: self.instances,
+            ..Lsm::default()
+        };
+        for (file, path, _) in snap.map_or(&[][..], |s| s.disk.as_slice()) {
+            if !self.storage.exists(path).unwrap_or(false) {
+                self.violate(format!(
+                    "task {t} restores shared file {path}, which was deleted"
+                ));
+            }
+            lsm.live.push(*file);
+            lsm.confirmed.insert(*file, path.clone());
+            lsm.next = lsm.next.max(file + 1);
+        }
+        if !lsm.live.is_empty() {
+            self.count("disk states restored");
+        }
+        lsm
+    }
+
+    /// The synchronous part of a counter's disk snapshot: a flush (and maybe a compaction),
+    /// then which live files checkpoint `id` uploads and which it references.
+    fn disk_snapshot(&mut self, t: usize, id: u64, savepoint: bool) -> Vec<(u64, String, bool)> {
+        if !is_counter(t) || savepoint {
+            return Vec::new();
+        }
+        let compact = self.rng.u8(..) % 3 == 0;
+        let reuse_pending = self.cfg.planted == Some(Planted::ReusesUnconfirmedFiles);
+        let naive = self.cfg.planted == Some(Planted::ReusesConfirmedOverNewerUploads);
+        let lsm = &mut self.tasks[t].lsm;
+        lsm.live.push(lsm.next);
+        lsm.next += 1;
+        if compact && lsm.live.len() >= 3 {
+            lsm.live.drain(..2);
+            lsm.live.insert(0, lsm.next);
+            lsm.next += 1;
+        }
+        let dir = shared_dir(JOB);
+        let instance = lsm.instance;
+        let plan: Vec<(u64, String, bool)> = lsm
+            .live
+            .iter()
+            .map(|&f| {
+                let known = if reuse_pending {
+                    lsm.decided
+                        .values()
+                        .rev()
+                        .find_map(|m| m.get(&f))
+                        .or_else(|| lsm.confirmed.get(&f))
+                } else {
+                    lsm.confirmed
+                        .get(&f)
+                        .filter(|p| naive || lsm.decided.values().all(|m| m.get(&f) == Some(*p)))
+                };
+                match known {
+                    Some(path) => (f, path.clone(), false),
+                    None => (f, format!("{dir}/{id}-{instance}-{f}"), true),
+                }
+            })
+            .collect();
+        let decided = plan.iter().map(|(f, p, _)| (*f, p.clone())).collect();
+        lsm.decided.insert(id, decided);
+        plan
+    }
+
+    /// The end of a run: the shared files in storage are exactly those the completed
+    /// checkpoints there reference (none leaked, none missing).
+    fn check_shared_files(&mut self) {
+        let dir = shared_dir(JOB);
+        let on_disk: BTreeSet<String> = self
+            .storage
+            .list(&dir)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|n| format!("{dir}/{n}"))
+            .collect();
+        let mut referenced = BTreeSet::new();
+        for name in self.storage.list(JOB).unwrap_or_default() {
+            let Some(id) = parse_checkpoint_dir(&name) else {
+                continue;
+            };
+            if let Ok(bytes) = self.storage.read(&metadata_path(JOB, id)) {
+                match decode::<CheckpointMetadata>(FileKind::Metadata, &bytes) {
+                    Ok(m) => referenced.extend(m.shared_files),
+                    Err(e) => return self.violate(format!("checkpoint {id}: {e}")),
+                }
+            }
+        }
+        if let Some(f) = on_disk.difference(&referenced).next() {
+            return self.violate(format!(
+                "the job finished with shared file {f} that no checkpoint references"
+            ));
+        }
+        if let Some(f) = referenced.difference(&on_disk).next() {
+            self.violate(format!(
+                "a retained checkpoint references {f}, which was deleted"
+            ));
         }
     }
 
@@ -1134,9 +1282,11 @@ impl World {
                 } else {
                     "aligned snapshots"
                 });
+                let disk = self.disk_snapshot(task, barrier.id, barrier.savepoint);
                 let snap = Snap {
                     state: self.state_of(task, barrier.id),
                     channels: Vec::new(),
+                    disk,
                 };
                 if unaligned {
                     self.tasks[task].held = Some((barrier.id, snap));
@@ -1159,6 +1309,7 @@ impl World {
                 if self.tasks[task].held.as_ref().is_some_and(|h| h.0 == id) {
                     self.tasks[task].held = None;
                 }
+                self.tasks[task].lsm.decided.remove(&id);
             }
             GateAction::Decline { id, cause } => {
                 if self.tasks[task].held.as_ref().is_some_and(|h| h.0 == id) {
@@ -1182,6 +1333,11 @@ impl World {
                 });
             }
             GateAction::NotifyComplete { id } => {
+                let lsm = &mut self.tasks[task].lsm;
+                if let Some(files) = lsm.decided.remove(&id) {
+                    lsm.confirmed = files;
+                }
+                lsm.decided.retain(|&k, _| k > id);
                 if let Body::Sink { pre_committed, .. } = &mut self.tasks[task].body {
                     let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(pre_committed)
                         .into_iter()
@@ -1538,6 +1694,9 @@ impl World {
         if self.violation.is_none() {
             self.check_output();
         }
+        if self.violation.is_none() {
+            self.check_shared_files();
+        }
         Outcome {
             steps,
             restarts: self.process_restarts + self.master.restart_count(),
@@ -1598,9 +1757,21 @@ impl World {
             Choice::Upload => {
                 if let Some((attempt, task, id, snap)) = self.uploads.pop_front() {
                     let path = format!("{}/task-{task}", checkpoint_dir(JOB, id));
+                    for (_, shared, new) in &snap.disk {
+                        if *new {
+                            if let Err(e) = self.storage.write(shared, b"sst") {
+                                return self.violate(format!("upload failed: {e}"));
+                            }
+                            self.count("shared files uploaded");
+                        } else {
+                            self.count("shared files referenced again");
+                        }
+                    }
                     if let Err(e) = self.storage.write(&path, b"state") {
                         return self.violate(format!("upload failed: {e}"));
                     }
+                    let shared_files: Vec<String> =
+                        snap.disk.iter().map(|(_, p, _)| p.clone()).collect();
                     self.files.insert((id, task), snap);
                     self.events.push_back(JobEvent::Ack(TaskAck {
                         checkpoint_id: id,
@@ -1612,6 +1783,7 @@ impl World {
                             states: Vec::new(),
                         }],
                         stats: TaskCheckpointStats::default(),
+                        shared_files,
                     }));
                 }
             }
@@ -1926,7 +2098,19 @@ impl World {
                 ));
             }
         }
-        fired.keys().next().map(|w| {
+        // At least once, a checkpoint's state may hold records read after its barrier; when a
+        // drained stop ended the input at that checkpoint, their windows fire though the
+        // sources never read them again.
+        let read_later = |w: &u64| {
+            let (key, window) = ((w & !WINDOWED) >> 32, w & 0xffff_ffff);
+            self.cfg.mode == Mode::AtLeastOnce
+                && self.generated.iter().any(|keys| {
+                    keys.iter()
+                        .enumerate()
+                        .any(|(i, &k)| k == key && i as u64 / WINDOW == window)
+                })
+        };
+        fired.keys().find(|w| !read_later(w)).map(|w| {
             let (key, window) = ((w & !WINDOWED) >> 32, w & 0xffff_ffff);
             format!("a result committed for window {window} of key {key}, which has no records")
         })

@@ -9,6 +9,7 @@
 pub mod keygroup;
 
 pub mod operator;
+pub mod rocks;
 pub mod timers;
 pub mod ttl;
 
@@ -27,6 +28,8 @@ use crate::error::{TaskError, TaskResult};
 use keygroup::{key_group_of_hash, stable_hash, KeyGroupRange, StableKey};
 
 pub use operator::{OperatorListState, OperatorStateStore};
+use rocks::{DeferredDisk, DiskOutput, RocksInstance};
+pub use rocks::{DiskStateData, RocksDbSettings, UploadTarget};
 pub use timers::{TimeDomain, Timers};
 pub use ttl::{StateTtlConfig, TtlUpdate, TtlVisibility};
 use ttl::{Ttl, SERDE_POSTCARD_TTL};
@@ -251,6 +254,8 @@ pub struct OperatorSnapshot {
     operator: Vec<OperatorListData>,
     keyed: Vec<DeferredTable>,
     channel: Option<ChannelStateData>,
+    /// The disk state backend's checkpoint, when the operator's keyed state is on disk.
+    disk: Option<DeferredDisk>,
 }
 
 impl OperatorSnapshot {
@@ -261,6 +266,7 @@ impl OperatorSnapshot {
             operator: Vec::new(),
             keyed: Vec::new(),
             channel: None,
+            disk: None,
         }
     }
 
@@ -282,21 +288,54 @@ impl OperatorSnapshot {
 
     /// Whether the snapshot holds nothing (stateless operator).
     pub fn is_empty(&self) -> bool {
-        self.operator.is_empty() && self.keyed.is_empty() && self.channel.is_none()
+        self.operator.is_empty()
+            && self.keyed.is_empty()
+            && self.channel.is_none()
+            && self.disk.is_none()
     }
 
-    /// Runs the asynchronous part: serializes the copied tables.
+    /// Runs the asynchronous part of a snapshot without disk state: serializes the copied tables.
     pub fn finish(self) -> TaskResult<OperatorStateData> {
+        if self.disk.is_some() {
+            return Err(TaskError::msg(
+                "a snapshot of disk state needs a place to upload to",
+            ));
+        }
+        Ok(self.finish_heap()?.0)
+    }
+
+    fn finish_heap(self) -> TaskResult<(OperatorStateData, Option<DeferredDisk>)> {
         let mut keyed = Vec::with_capacity(self.keyed.len());
         for t in self.keyed {
             keyed.push(t()?);
         }
-        Ok(OperatorStateData {
+        let data = OperatorStateData {
             uid: self.uid,
             keyed,
             operator: self.operator,
             channel: self.channel,
-        })
+        };
+        Ok((data, self.disk))
+    }
+
+    /// Runs the asynchronous part: serializes the copied tables, and uploads the disk state's
+    /// files to `target` (or, for a savepoint, adds its tables in the backend-independent
+    /// format).
+    pub fn finish_to(
+        self,
+        target: &UploadTarget<'_>,
+    ) -> TaskResult<(OperatorStateData, Option<DiskStateData>)> {
+        let (mut data, disk) = self.finish_heap()?;
+        let Some(disk) = disk else {
+            return Ok((data, None));
+        };
+        match disk.finish(target)? {
+            DiskOutput::Native(handle) => Ok((data, Some(handle))),
+            DiskOutput::Canonical(tables) => {
+                data.keyed.extend(tables);
+                Ok((data, None))
+            }
+        }
     }
 }
 
@@ -310,6 +349,11 @@ pub struct RestoredState {
     pub operator: StdHashMap<String, OperatorListData>,
     /// In-flight input data to replay before any new input (unaligned checkpoints).
     pub channel: Option<ChannelStateData>,
+    /// Disk state (RocksDB checkpoints) whose key groups overlap this subtask's.
+    pub disk: Vec<DiskStateData>,
+    /// The storage root the restored checkpoint was loaded from (its disk state's files are
+    /// there); None: the job's own checkpoint storage.
+    pub disk_root: Option<std::path::PathBuf>,
 }
 
 impl RestoredState {
@@ -328,20 +372,161 @@ trait ErasedTable<K>: Send {
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// The synchronous part of a snapshot at `now` (ms): expired entries of a state with
-    /// time-to-live are dropped first, from the live table too.
-    fn snapshot(&mut self, max_parallelism: u32, now: i64) -> DeferredTable;
+    /// time-to-live are dropped first, from the live table too. A disk state writes its cache
+    /// back instead (its entries are in the disk backend's checkpoint): None.
+    fn snapshot(
+        &mut self,
+        max_parallelism: u32,
+        now: i64,
+        rocks: Option<&RocksInstance>,
+    ) -> TaskResult<Option<DeferredTable>>;
     fn len(&self) -> usize;
+    /// Disk state: the object cache bytes this table may use.
+    fn set_cache_budget(&mut self, bytes: usize);
 }
 
 /// Keeps what has not expired of an entry at `now`; false: the entry goes.
 type Prune<S> = Box<dyn Fn(&mut S, i64) -> bool + Send>;
 
+/// What a state with time-to-live adds to its table: dropping expired entries (cleanup in
+/// snapshots), and on disk the time an entry was last accessed (the newest of a map's),
+/// stored in front of its value so that RocksDB's compaction drops it once expired.
+struct TtlHooks<S> {
+    prune: Prune<S>,
+    stamp: fn(&S) -> i64,
+    ttl_ms: i64,
+}
+
 struct Table<K, S> {
     name: String,
     kind: StateKind,
+    /// Every entry (heap backend), or the cached ones (disk backend).
     map: HashMap<K, S>,
     /// A state with time-to-live: what drops its expired entries.
-    prune: Option<Prune<S>>,
+    ttl: Option<TtlHooks<S>>,
+    /// Disk backend: the map is a write-back cache of the column family `name`.
+    disk: Option<DiskCache<K>>,
+}
+
+/// The write-back cache of a disk state: which keys changed since they were last written to
+/// the column family (a changed key missing from the map was removed), and how many entries
+/// the cache may hold.
+struct DiskCache<K> {
+    dirty: hashbrown::HashSet<K>,
+    capacity: usize,
+    /// The object cache bytes this table may use.
+    budget: usize,
+    /// Reads change entries (time-to-live restarted by reads): every access dirties.
+    dirty_on_read: bool,
+    key_buf: Vec<u8>,
+    value_buf: Vec<u8>,
+}
+
+impl<K: Key, S: StateValue> Table<K, S> {
+    /// Disk state: makes sure the entry of `key` is cached, loading it on a miss, and marks
+    /// it changed when `write`.
+    fn load(
+        &mut self,
+        key: &K,
+        write: bool,
+        rocks: Option<&RocksInstance>,
+        max_parallelism: u32,
+    ) -> TaskResult {
+        let Some(disk) = &mut self.disk else {
+            return Ok(());
+        };
+        let missing = !self.map.contains_key(key) && !disk.dirty.contains(key);
+        if missing {
+            let rocks = rocks.ok_or_else(|| TaskError::msg("the RocksDB instance is not open"))?;
+            if self.map.len() >= disk.capacity {
+                self.evict(rocks, max_parallelism)?;
+            }
+            let Some(disk) = &mut self.disk else {
+                return Ok(());
+            };
+            let kg = key_group_of_hash(stable_hash(key), max_parallelism);
+            rocks::encode_key(&mut disk.key_buf, kg, key)?;
+            if let Some(bytes) = rocks.get(&self.name, &disk.key_buf)? {
+                let stored = match &self.ttl {
+                    Some(_) => bytes.get(8..).unwrap_or_default(),
+                    None => &bytes[..],
+                };
+                let value: S = decode_exact(stored).map_err(|e| {
+                    TaskError::Unrecoverable(format!(
+                        "cannot read state '{}' as {}: {e}",
+                        self.name,
+                        std::any::type_name::<S>()
+                    ))
+                })?;
+                self.map.insert(key.clone(), value);
+            }
+        }
+        let Some(disk) = &mut self.disk else {
+            return Ok(());
+        };
+        if (write || disk.dirty_on_read) && !disk.dirty.contains(key) {
+            disk.dirty.insert(key.clone());
+        }
+        Ok(())
+    }
+
+    /// Disk state: writes every changed entry to the column family (one batch).
+    fn write_back(&mut self, rocks: &RocksInstance, max_parallelism: u32) -> TaskResult {
+        let Some(disk) = &mut self.disk else {
+            return Ok(());
+        };
+        if disk.dirty.is_empty() {
+            return Ok(());
+        }
+        let cf = rocks.cf(&self.name)?;
+        let mut batch = rocksdb::WriteBatch::default();
+        let (mut bytes, mut count) = (0usize, 0usize);
+        for key in disk.dirty.drain() {
+            let kg = key_group_of_hash(stable_hash(&key), max_parallelism);
+            rocks::encode_key(&mut disk.key_buf, kg, &key)?;
+            match self.map.get(&key) {
+                Some(value) => {
+                    disk.value_buf.clear();
+                    if let Some(ttl) = &self.ttl {
+                        disk.value_buf
+                            .extend_from_slice(&(ttl.stamp)(value).to_le_bytes());
+                    }
+                    disk.value_buf = postcard::to_extend(
+                        value,
+                        std::mem::take(&mut disk.value_buf),
+                    )
+                    .map_err(|e| {
+                        TaskError::msg(format!("cannot serialize keyed state '{}': {e}", self.name))
+                    })?;
+                    bytes += disk.key_buf.len() + disk.value_buf.len();
+                    count += 1;
+                    batch.put_cf(cf, &disk.key_buf, &disk.value_buf);
+                }
+                None => batch.delete_cf(cf, &disk.key_buf),
+            }
+        }
+        rocks.write(batch)?;
+        if let Some(encoded) = bytes.checked_div(count) {
+            // Size the cache by what an entry takes: its inline size, the table's overhead,
+            // and its encoded size standing in for what it holds on the heap.
+            let per_entry = std::mem::size_of::<(K, S)>() + 16 + encoded;
+            disk.capacity = (disk.budget / per_entry).max(64);
+        }
+        Ok(())
+    }
+
+    /// Disk state: the cache is full; written back, about half of it is dropped.
+    fn evict(&mut self, rocks: &RocksInstance, max_parallelism: u32) -> TaskResult {
+        self.write_back(rocks, max_parallelism)?;
+        let keep = self.disk.as_ref().map_or(0, |d| d.capacity / 2);
+        let mut left = self.map.len();
+        self.map.retain(|_, _| {
+            let stay = left <= keep || fastrand::bool();
+            left -= usize::from(!stay);
+            stay
+        });
+        Ok(())
+    }
 }
 
 impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
@@ -357,20 +542,37 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn snapshot(&mut self, max_parallelism: u32, now: i64) -> DeferredTable {
-        let serializer = match &self.prune {
+    fn snapshot(
+        &mut self,
+        max_parallelism: u32,
+        now: i64,
+        rocks: Option<&RocksInstance>,
+    ) -> TaskResult<Option<DeferredTable>> {
+        let serializer = match self.ttl.as_ref().map(|t| &t.prune) {
             Some(prune) => {
                 // Cleanup in snapshots: expired entries are neither kept nor persisted.
-                self.map.retain(|_, v| prune(v, now));
+                let disk = &mut self.disk;
+                self.map.retain(|k, v| {
+                    let keep = prune(v, now);
+                    if let (false, Some(d)) = (keep, disk.as_mut()) {
+                        d.dirty.insert(k.clone());
+                    }
+                    keep
+                });
                 SerializerId::postcard_ttl::<S>()
             }
             None => SerializerId::postcard::<S>(),
         };
+        if self.disk.is_some() {
+            let rocks = rocks.ok_or_else(|| TaskError::msg("the RocksDB instance is not open"))?;
+            self.write_back(rocks, max_parallelism)?;
+            return Ok(None);
+        }
         // Synchronous part: a copy, so that the task keeps mutating its tables meanwhile.
         let copy = self.map.clone();
         let name = self.name.clone();
         let kind = self.kind;
-        Box::new(move || {
+        Ok(Some(Box::new(move || {
             let mut groups: BTreeMap<u32, Vec<(&K, &S)>> = BTreeMap::new();
             for (k, v) in &copy {
                 let kg = key_group_of_hash(stable_hash(k), max_parallelism);
@@ -389,10 +591,17 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
                 serializer,
                 groups: out,
             })
-        })
+        })))
     }
     fn len(&self) -> usize {
         self.map.len()
+    }
+    fn set_cache_budget(&mut self, bytes: usize) {
+        if let Some(d) = &mut self.disk {
+            d.budget = bytes;
+            let per_entry = std::mem::size_of::<(K, S)>() + 48;
+            d.capacity = d.capacity.min((bytes / per_entry).max(64));
+        }
     }
 }
 
@@ -415,6 +624,8 @@ pub struct KeyedContext<K> {
     timer_error: Option<TaskError>,
     /// The processing time state time-to-live uses, when set (tests); else the wall clock.
     ttl_clock: Option<i64>,
+    /// The disk state backend (RocksDB), when keyed state lives there.
+    rocks: Option<RocksInstance>,
 }
 
 impl<K: Key> KeyedContext<K> {
@@ -451,6 +662,57 @@ impl<K: Key> KeyedContext<K> {
             parallelism,
             timer_error,
             ttl_clock: None,
+            rocks: None,
+        }
+    }
+
+    /// A backend for one subtask of operator `uid` whose keyed state lives in RocksDB,
+    /// holding the restored tables (backend-independent format) and restoring the restored
+    /// RocksDB instances. An instance that cannot be opened fails [`check_restored`](Self::check_restored).
+    pub fn on_disk(
+        uid: &str,
+        subtask: u32,
+        parallelism: u32,
+        max_parallelism: u32,
+        restored: StdHashMap<String, KeyedTableData>,
+        disk: Vec<DiskStateData>,
+        settings: &RocksDbSettings,
+    ) -> Self {
+        let mut ctx = Self::new(subtask, parallelism, max_parallelism, restored);
+        match RocksInstance::open(settings, uid, subtask, ctx.range, disk) {
+            Ok(r) => ctx.rocks = Some(r),
+            Err(e) => ctx.timer_error = Some(e),
+        }
+        ctx
+    }
+
+    /// This backend fails [`check_restored`](Self::check_restored) with `error`.
+    pub fn failed(mut self, error: TaskError) -> Self {
+        self.timer_error = Some(error);
+        self
+    }
+
+    /// Whether keyed state lives on disk (RocksDB).
+    pub fn is_on_disk(&self) -> bool {
+        self.rocks.is_some()
+    }
+
+    /// Approximate bytes of disk state in SST files (0 on the heap backend).
+    pub fn disk_bytes(&self) -> u64 {
+        self.rocks.as_ref().map_or(0, |r| r.disk_bytes())
+    }
+
+    /// Checkpoint `id` completed (the disk backend may reference its files from now on).
+    pub fn notify_complete(&mut self, id: u64) {
+        if let Some(r) = &mut self.rocks {
+            r.notify_complete(id);
+        }
+    }
+
+    /// Checkpoint `id` was aborted.
+    pub fn notify_aborted(&mut self, id: u64) {
+        if let Some(r) = &mut self.rocks {
+            r.notify_aborted(id);
         }
     }
 
@@ -466,7 +728,8 @@ impl<K: Key> KeyedContext<K> {
         self.ttl_clock = Some(now_ms);
     }
 
-    /// Fails if the restored timers could not be read (checked when the operator opens).
+    /// Fails if the restored timers could not be read or the disk backend could not be opened
+    /// (checked when the operator opens).
     pub fn check_restored(&mut self) -> TaskResult {
         match self.timer_error.take() {
             Some(e) => Err(e),
@@ -590,12 +853,12 @@ impl<K: Key> KeyedContext<K> {
         self.register_with::<S>(name, kind, None)
     }
 
-    /// Registers a table; `prune`: a state with time-to-live, whose expired entries it drops.
+    /// Registers a table; `ttl`: a state with time-to-live, whose expired entries it drops.
     fn register_with<S: StateValue>(
         &mut self,
         name: &str,
         kind: StateKind,
-        prune: Option<Prune<S>>,
+        ttl: Option<TtlHooks<S>>,
     ) -> TaskResult<usize> {
         if let Some(idx) = self.tables.iter().position(|t| t.name() == name) {
             if self.tables[idx].as_any().is::<Table<K, S>>() && self.tables[idx].kind() == kind {
@@ -606,19 +869,18 @@ impl<K: Key> KeyedContext<K> {
             )));
         }
         let mut map: HashMap<K, S> = HashMap::new();
+        let serializer = match ttl {
+            Some(_) => SerializerId::postcard_ttl::<S>(),
+            None => SerializerId::postcard::<S>(),
+        };
+        if let Some(was) = self.rocks.as_ref().and_then(|r| r.states.get(name)) {
+            check_restorable(name, &was.serializer, was.kind, kind)?;
+            check_ttl_unchanged(name, &was.serializer, ttl.is_some())?;
+        }
+        let mut restored_entries: Vec<(K, S)> = Vec::new();
         if let Some(table) = self.restored.remove(name) {
             check_restorable(name, &table.serializer, table.kind, kind)?;
-            let was_ttl = table.serializer.id == SERDE_POSTCARD_TTL;
-            if was_ttl != prune.is_some() {
-                let (was, now) = if was_ttl {
-                    ("with", "without")
-                } else {
-                    ("without", "with")
-                };
-                return Err(TaskError::Unrecoverable(format!(
-                    "state '{name}' was written {was} time-to-live and is now registered {now} it; turning time-to-live on or off changes a state's format"
-                )));
-            }
+            check_ttl_unchanged(name, &table.serializer, ttl.is_some())?;
             let was = table.serializer.type_name;
             for (kg, bytes) in table.groups {
                 if !self.range.contains(kg) {
@@ -630,44 +892,80 @@ impl<K: Key> KeyedContext<K> {
                         std::any::type_name::<S>()
                     ))
                 })?;
-                map.extend(entries);
+                restored_entries.extend(entries);
             }
         }
+        let disk = match &mut self.rocks {
+            None => {
+                map.extend(restored_entries);
+                None
+            }
+            Some(rocks) => {
+                rocks.ensure_cf(&StateDescriptor {
+                    name: name.to_string(),
+                    kind,
+                    serializer,
+                })?;
+                rocks.set_ttl(name, ttl.as_ref().map_or(0, |t| t.ttl_ms));
+                let stamp = ttl.as_ref().map(|t| t.stamp);
+                write_entries(rocks, name, self.max_parallelism, restored_entries, stamp)?;
+                Some(DiskCache {
+                    dirty: hashbrown::HashSet::new(),
+                    capacity: usize::MAX,
+                    budget: usize::MAX,
+                    dirty_on_read: ttl.is_some(),
+                    key_buf: Vec::with_capacity(64),
+                    value_buf: Vec::with_capacity(64),
+                })
+            }
+        };
         self.tables.push(Box::new(Table {
             name: name.to_string(),
             kind,
             map,
-            prune,
+            ttl,
+            disk,
         }));
+        if let Some(rocks) = &self.rocks {
+            let on_disk = self.tables.len().max(1);
+            let share = (rocks.settings_object_cache_bytes() / on_disk as u64) as usize;
+            for t in &mut self.tables {
+                t.set_cache_budget(share);
+            }
+        }
         Ok(self.tables.len() - 1)
     }
 
-    fn table<S: StateValue>(&self, idx: usize) -> TaskResult<&HashMap<K, S>> {
-        self.tables
-            .get(idx)
-            .and_then(|t| t.as_any().downcast_ref::<Table<K, S>>())
-            .map(|t| &t.map)
-            .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))
+    /// The table `idx` and the current key, with the key's entry cached (disk state) and,
+    /// for a `write`, marked changed.
+    #[inline]
+    fn slot<S: StateValue>(
+        &mut self,
+        idx: usize,
+        write: bool,
+    ) -> TaskResult<(&mut HashMap<K, S>, &K)> {
+        let key = self
+            .current
+            .as_ref()
+            .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
+        let table = self
+            .tables
+            .get_mut(idx)
+            .and_then(|t| t.as_any_mut().downcast_mut::<Table<K, S>>())
+            .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))?;
+        if table.disk.is_some() {
+            table.load(key, write, self.rocks.as_ref(), self.max_parallelism)?;
+        }
+        Ok((&mut table.map, key))
     }
 
     fn table_and_key<S: StateValue>(&mut self, idx: usize) -> TaskResult<(&mut HashMap<K, S>, &K)> {
-        let key = self
-            .current
-            .as_ref()
-            .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
-        self.tables
-            .get_mut(idx)
-            .and_then(|t| t.as_any_mut().downcast_mut::<Table<K, S>>())
-            .map(|t| (&mut t.map, key))
-            .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))
+        self.slot(idx, true)
     }
 
-    fn get<S: StateValue>(&self, idx: usize) -> TaskResult<Option<&S>> {
-        let key = self
-            .current
-            .as_ref()
-            .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
-        Ok(self.table::<S>(idx)?.get(key))
+    fn get<S: StateValue>(&mut self, idx: usize) -> TaskResult<Option<&S>> {
+        let (map, key) = self.slot::<S>(idx, false)?;
+        Ok(map.get(key))
     }
 
     fn put<S: StateValue>(&mut self, idx: usize, value: S) -> TaskResult {
@@ -715,10 +1013,13 @@ impl<K: Key> KeyedContext<K> {
         name: &str,
         ttl: StateTtlConfig,
     ) -> TaskResult<ValueState<V>> {
-        let prune: Prune<Ttl<V>> =
-            Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now));
+        let hooks = TtlHooks {
+            prune: Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now)),
+            stamp: Ttl::<V>::stamp,
+            ttl_ms: ttl.ttl_ms(),
+        };
         Ok(ValueState {
-            idx: self.register_with::<Ttl<V>>(name, StateKind::Value, Some(prune))?,
+            idx: self.register_with::<Ttl<V>>(name, StateKind::Value, Some(hooks))?,
             ttl: Some(ttl),
             _v: PhantomData,
         })
@@ -731,13 +1032,16 @@ impl<K: Key> KeyedContext<K> {
         name: &str,
         ttl: StateTtlConfig,
     ) -> TaskResult<MapState<UK, UV>> {
-        let prune: Prune<HashMap<UK, Ttl<UV>>> =
-            Box::new(move |m: &mut HashMap<UK, Ttl<UV>>, now| {
+        let hooks = TtlHooks {
+            prune: Box::new(move |m: &mut HashMap<UK, Ttl<UV>>, now| {
                 m.retain(|_, e| !ttl.expired(e.stamp(), now));
                 !m.is_empty()
-            });
+            }),
+            stamp: |m: &HashMap<UK, Ttl<UV>>| m.values().map(Ttl::stamp).max().unwrap_or(0),
+            ttl_ms: ttl.ttl_ms(),
+        };
         Ok(MapState {
-            idx: self.register_with::<HashMap<UK, Ttl<UV>>>(name, StateKind::Map, Some(prune))?,
+            idx: self.register_with::<HashMap<UK, Ttl<UV>>>(name, StateKind::Map, Some(hooks))?,
             ttl: Some(ttl),
             _v: PhantomData,
         })
@@ -751,10 +1055,13 @@ impl<K: Key> KeyedContext<K> {
         ttl: StateTtlConfig,
         reduce: impl Fn(&V, &V) -> V + Send + Sync + 'static,
     ) -> TaskResult<ReducingState<V>> {
-        let prune: Prune<Ttl<V>> =
-            Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now));
+        let hooks = TtlHooks {
+            prune: Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now)),
+            stamp: Ttl::<V>::stamp,
+            ttl_ms: ttl.ttl_ms(),
+        };
         Ok(ReducingState {
-            idx: self.register_with::<Ttl<V>>(name, StateKind::Reducing, Some(prune))?,
+            idx: self.register_with::<Ttl<V>>(name, StateKind::Reducing, Some(hooks))?,
             reduce: Arc::new(reduce),
             ttl: Some(ttl),
         })
@@ -793,13 +1100,29 @@ impl<K: Key> KeyedContext<K> {
         })
     }
 
-    /// The synchronous part of a snapshot of every registered table, plus restored tables that
-    /// were never registered in this run (they are carried over unchanged, not dropped).
-    pub fn snapshot(&mut self, uid: &str) -> OperatorSnapshot {
+    /// The synchronous part of a checkpoint of every registered table, plus restored tables
+    /// that were never registered in this run (they are carried over unchanged, not dropped).
+    pub fn snapshot(&mut self, uid: &str) -> TaskResult<OperatorSnapshot> {
+        self.snapshot_for(uid, 0, false)
+    }
+
+    /// The synchronous part of snapshot `checkpoint_id`; `canonical`: a savepoint, whose keyed
+    /// state is written in the backend-independent format whatever the backend.
+    pub fn snapshot_for(
+        &mut self,
+        uid: &str,
+        checkpoint_id: u64,
+        canonical: bool,
+    ) -> TaskResult<OperatorSnapshot> {
         let mut snap = OperatorSnapshot::new(uid);
         let now = self.ttl_now();
         for t in &mut self.tables {
-            snap.keyed.push(t.snapshot(self.max_parallelism, now));
+            if let Some(d) = t.snapshot(self.max_parallelism, now, self.rocks.as_ref())? {
+                snap.keyed.push(d);
+            }
+        }
+        if let Some(rocks) = &mut self.rocks {
+            snap.disk = Some(rocks.checkpoint(checkpoint_id, canonical)?);
         }
         for q in [&self.timers.event, &self.timers.processing] {
             if let Some(t) = q.snapshot(self.max_parallelism) {
@@ -810,8 +1133,59 @@ impl<K: Key> KeyedContext<K> {
             let data = table.clone();
             snap.keyed.push(Box::new(move || Ok(data)));
         }
-        snap
+        Ok(snap)
     }
+}
+
+/// Restored entries (backend-independent format) of state `name` into its column family;
+/// `stamp`: a state with time-to-live, whose stored values start with their access time.
+fn write_entries<K: Key, S: StateValue>(
+    rocks: &RocksInstance,
+    name: &str,
+    max_parallelism: u32,
+    entries: Vec<(K, S)>,
+    stamp: Option<fn(&S) -> i64>,
+) -> TaskResult {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let cf = rocks.cf(name)?;
+    let mut batch = rocksdb::WriteBatch::default();
+    let mut key = Vec::new();
+    for (k, v) in entries {
+        rocks::encode_key(
+            &mut key,
+            key_group_of_hash(stable_hash(&k), max_parallelism),
+            &k,
+        )?;
+        let mut value = stamp
+            .map(|f| f(&v).to_le_bytes().to_vec())
+            .unwrap_or_default();
+        value = postcard::to_extend(&v, value)
+            .map_err(|e| TaskError::msg(format!("cannot serialize keyed state '{name}': {e}")))?;
+        batch.put_cf(cf, &key, &value);
+        if batch.size_in_bytes() > 4 << 20 {
+            rocks.write(std::mem::take(&mut batch))?;
+        }
+    }
+    rocks.write(batch)
+}
+
+/// A restored state written with time-to-live must be registered with it, and the other way
+/// round: the formats differ.
+fn check_ttl_unchanged(name: &str, serializer: &SerializerId, ttl_now: bool) -> TaskResult {
+    let was_ttl = serializer.id == SERDE_POSTCARD_TTL;
+    if was_ttl == ttl_now {
+        return Ok(());
+    }
+    let (was, now) = if was_ttl {
+        ("with", "without")
+    } else {
+        ("without", "with")
+    };
+    Err(TaskError::Unrecoverable(format!(
+        "state '{name}' was written {was} time-to-live and is now registered {now} it; turning time-to-live on or off changes a state's format"
+    )))
 }
 
 /// Decodes a restored value as `T`, using every byte: bytes left over mean it was written as
@@ -862,12 +1236,13 @@ impl<V> Clone for ValueState<V> {
 
 impl<V: StateValue> ValueState<V> {
     /// The current key's value.
-    pub fn value<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<Option<&'a V>> {
+    pub fn value<'a, K: Key>(&self, ctx: &'a mut KeyedContext<K>) -> TaskResult<Option<&'a V>> {
         match &self.ttl {
             None => ctx.get::<V>(self.idx),
-            Some(ttl) => Ok(ctx
-                .get::<Ttl<V>>(self.idx)?
-                .and_then(|e| ttl.read(e, ctx.ttl_now()))),
+            Some(ttl) => {
+                let now = ctx.ttl_now();
+                Ok(ctx.get::<Ttl<V>>(self.idx)?.and_then(|e| ttl.read(e, now)))
+            }
         }
     }
     /// Sets the current key's value.
@@ -965,7 +1340,7 @@ impl<V> Clone for ReducingState<V> {
 
 impl<V: StateValue> ListState<V> {
     /// The current key's list (empty if none).
-    pub fn get<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<&'a [V]> {
+    pub fn get<'a, K: Key>(&self, ctx: &'a mut KeyedContext<K>) -> TaskResult<&'a [V]> {
         Ok(ctx
             .get::<Vec<V>>(self.idx)?
             .map(|v| v.as_slice())
@@ -998,17 +1373,20 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
     /// The value under `user_key` in the current key's map.
     pub fn get<'a, K: Key>(
         &self,
-        ctx: &'a KeyedContext<K>,
+        ctx: &'a mut KeyedContext<K>,
         user_key: &UK,
     ) -> TaskResult<Option<&'a UV>> {
         match &self.ttl {
             None => Ok(ctx
                 .get::<HashMap<UK, UV>>(self.idx)?
                 .and_then(|m| m.get(user_key))),
-            Some(ttl) => Ok(ctx
-                .get::<HashMap<UK, Ttl<UV>>>(self.idx)?
-                .and_then(|m| m.get(user_key))
-                .and_then(|e| ttl.read(e, ctx.ttl_now()))),
+            Some(ttl) => {
+                let now = ctx.ttl_now();
+                Ok(ctx
+                    .get::<HashMap<UK, Ttl<UV>>>(self.idx)?
+                    .and_then(|m| m.get(user_key))
+                    .and_then(|e| ttl.read(e, now)))
+            }
         }
     }
     /// Puts `user_key → value` into the current key's map.
@@ -1047,7 +1425,7 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
     /// All entries of the current key's map (those not expired), in no particular order.
     pub fn entries<'a, K: Key>(
         &self,
-        ctx: &'a KeyedContext<K>,
+        ctx: &'a mut KeyedContext<K>,
     ) -> TaskResult<Vec<(&'a UK, &'a UV)>> {
         match &self.ttl {
             None => Ok(ctx
@@ -1088,12 +1466,13 @@ pub struct ReducingState<V> {
 
 impl<V: StateValue> ReducingState<V> {
     /// The current key's reduced value.
-    pub fn get<'a, K: Key>(&self, ctx: &'a KeyedContext<K>) -> TaskResult<Option<&'a V>> {
+    pub fn get<'a, K: Key>(&self, ctx: &'a mut KeyedContext<K>) -> TaskResult<Option<&'a V>> {
         match &self.ttl {
             None => ctx.get::<V>(self.idx),
-            Some(ttl) => Ok(ctx
-                .get::<Ttl<V>>(self.idx)?
-                .and_then(|e| ttl.read(e, ctx.ttl_now()))),
+            Some(ttl) => {
+                let now = ctx.ttl_now();
+                Ok(ctx.get::<Ttl<V>>(self.idx)?.and_then(|e| ttl.read(e, now)))
+            }
         }
     }
     /// Folds `value` into the current key's value; returns the new value.
@@ -1156,7 +1535,7 @@ mod tests {
             m.put(&mut ctx, (i % 3) as u32, i as i64).unwrap();
             r.add(&mut ctx, i).unwrap();
         }
-        let snap = ctx.snapshot("op");
+        let snap = ctx.snapshot("op").unwrap();
         // Mutations after the synchronous part must not leak into the snapshot.
         ctx.set_current_key("k0".into());
         v.update(&mut ctx, 999).unwrap();
@@ -1167,11 +1546,11 @@ mod tests {
         let m2 = back.map_state::<u32, i64>("m").unwrap();
         let r2 = back.reducing_state::<u64>("r", |a, b| a + b).unwrap();
         back.set_current_key("k0".into());
-        assert_eq!(v2.value(&back).unwrap(), Some(&90));
-        assert_eq!(l2.get(&back).unwrap().len(), 10);
-        assert_eq!(m2.get(&back, &0).unwrap(), Some(&90));
+        assert_eq!(v2.value(&mut back).unwrap(), Some(&90));
+        assert_eq!(l2.get(&mut back).unwrap().len(), 10);
+        assert_eq!(m2.get(&mut back, &0).unwrap(), Some(&90));
         assert_eq!(
-            r2.get(&back).unwrap(),
+            r2.get(&mut back).unwrap(),
             Some(&(0..100).step_by(10).sum::<u64>())
         );
         assert_eq!(back.entries(), 40);
@@ -1185,14 +1564,14 @@ mod tests {
             ctx.set_current_key(k);
             v.update(&mut ctx, k * 2).unwrap();
         }
-        let restored = restored_from(ctx.snapshot("op"));
+        let restored = restored_from(ctx.snapshot("op").unwrap());
         let mut total = 0;
         for i in 0..3 {
             let mut part: KeyedContext<u64> = KeyedContext::new(i, 3, 128, restored.clone());
             let v = part.value_state::<u64>("v").unwrap();
             for k in 0..1000u64 {
                 part.set_current_key(k);
-                if let Some(x) = v.value(&part).unwrap() {
+                if let Some(x) = v.value(&mut part).unwrap() {
                     assert_eq!(*x, k * 2);
                     total += 1;
                 }
@@ -1211,7 +1590,7 @@ mod tests {
         let err = ctx.value_state::<u64>("v").err().unwrap().to_string();
         assert!(err.contains("'v' is already registered"), "{err}");
         let mut back: KeyedContext<u64> =
-            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op").unwrap()));
         let err = back.map_state::<u64, u64>("v").err().unwrap();
         assert!(matches!(err, TaskError::Unrecoverable(_)), "{err}");
         assert!(
@@ -1220,7 +1599,7 @@ mod tests {
             "{err}"
         );
         let mut back: KeyedContext<u64> =
-            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op").unwrap()));
         let err = back.value_state::<u64>("v").err().unwrap();
         assert!(matches!(err, TaskError::Unrecoverable(_)), "{err}");
         assert!(err.to_string().contains("alloc::string::String"), "{err}");
@@ -1235,7 +1614,7 @@ mod tests {
         ctx.set_current_key(1);
         v.update(&mut ctx, 5).unwrap();
         let mut back: KeyedContext<u64> =
-            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op").unwrap()));
         let err = back.reducing_state::<u64>("n", |a, b| a + b).err().unwrap();
         assert!(
             err.to_string()
@@ -1250,7 +1629,7 @@ mod tests {
         let v = ctx.value_state::<u64>("n").unwrap();
         ctx.set_current_key(1);
         v.update(&mut ctx, 5).unwrap();
-        let tables = restored_from(ctx.snapshot("op"));
+        let tables = restored_from(ctx.snapshot("op").unwrap());
         assert_eq!(tables["n"].serializer.id, SERDE_POSTCARD);
         assert_eq!(tables["n"].serializer.version, SERDE_POSTCARD_VERSION);
         assert_eq!(tables["n"].serializer.type_name, "u64");
@@ -1277,7 +1656,7 @@ mod tests {
         ctx.set_current_key(1);
         v.update(&mut ctx, 300).unwrap();
         let mut back: KeyedContext<u64> =
-            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op").unwrap()));
         let err = back.value_state::<u8>("v").err().unwrap().to_string();
         assert!(err.contains("cannot restore state 'v'"), "{err}");
     }
@@ -1289,12 +1668,12 @@ mod tests {
         ctx.set_current_key(5);
         v.update(&mut ctx, 7).unwrap();
         let mut back: KeyedContext<u64> =
-            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op")));
+            KeyedContext::new(0, 1, 128, restored_from(ctx.snapshot("op").unwrap()));
         let mut again: KeyedContext<u64> =
-            KeyedContext::new(0, 1, 128, restored_from(back.snapshot("op")));
+            KeyedContext::new(0, 1, 128, restored_from(back.snapshot("op").unwrap()));
         let v = again.value_state::<u64>("old").unwrap();
         again.set_current_key(5);
-        assert_eq!(v.value(&again).unwrap(), Some(&7));
+        assert_eq!(v.value(&mut again).unwrap(), Some(&7));
     }
 
     fn ttl(ms: u64) -> StateTtlConfig {
@@ -1322,14 +1701,14 @@ mod tests {
         v.update(&mut ctx, 33).unwrap(); // written again: lives until 150
         ctx.set_ttl_clock(99);
         ctx.set_current_key(1);
-        assert_eq!(v.value(&ctx).unwrap(), Some(&1));
+        assert_eq!(v.value(&mut ctx).unwrap(), Some(&1));
         ctx.set_ttl_clock(100);
-        assert_eq!(v.value(&ctx).unwrap(), None, "expired at 100");
+        assert_eq!(v.value(&mut ctx).unwrap(), None, "expired at 100");
         // A read does not restart it (OnCreateAndWrite), so it stays expired.
         ctx.set_current_key(3);
-        assert_eq!(v.value(&ctx).unwrap(), Some(&33));
+        assert_eq!(v.value(&mut ctx).unwrap(), Some(&33));
 
-        let snap = ctx.snapshot("op");
+        let snap = ctx.snapshot("op").unwrap();
         assert_eq!(
             ctx.tables[0].len(),
             1,
@@ -1338,19 +1717,19 @@ mod tests {
         let mut again = restored_at(snap, 120);
         let v = again.value_state_with_ttl::<u64>("v", ttl(100)).unwrap();
         again.set_current_key(1);
-        assert_eq!(v.value(&again).unwrap(), None, "not persisted");
+        assert_eq!(v.value(&mut again).unwrap(), None, "not persisted");
         again.set_current_key(3);
         assert_eq!(
-            v.value(&again).unwrap(),
+            v.value(&mut again).unwrap(),
             Some(&33),
             "its write time persisted"
         );
         again.set_ttl_clock(150);
-        assert_eq!(v.value(&again).unwrap(), None);
+        assert_eq!(v.value(&mut again).unwrap(), None);
         // A write to an expired entry starts from the default.
         assert_eq!(*v.get_mut(&mut again, || 7).unwrap(), 7);
         again.set_ttl_clock(249);
-        assert_eq!(v.value(&again).unwrap(), Some(&7), "get_mut is a write");
+        assert_eq!(v.value(&mut again).unwrap(), Some(&7), "get_mut is a write");
     }
 
     #[test]
@@ -1371,20 +1750,20 @@ mod tests {
         shown.update(&mut ctx, 2).unwrap();
         for now in [90, 180, 270] {
             ctx.set_ttl_clock(now);
-            assert_eq!(read.value(&ctx).unwrap(), Some(&1), "read at {now}");
+            assert_eq!(read.value(&mut ctx).unwrap(), Some(&1), "read at {now}");
         }
         assert_eq!(
-            shown.value(&ctx).unwrap(),
+            shown.value(&mut ctx).unwrap(),
             Some(&2),
             "expired, not cleaned up"
         );
-        let _ = ctx.snapshot("op");
+        let _ = ctx.snapshot("op").unwrap();
         assert_eq!(
-            shown.value(&ctx).unwrap(),
+            shown.value(&mut ctx).unwrap(),
             None,
             "cleaned up by the snapshot"
         );
-        assert_eq!(read.value(&ctx).unwrap(), Some(&1));
+        assert_eq!(read.value(&mut ctx).unwrap(), Some(&1));
     }
 
     #[test]
@@ -1399,24 +1778,24 @@ mod tests {
         ctx.set_ttl_clock(60);
         m.put(&mut ctx, 2, "b".into()).unwrap();
         ctx.set_ttl_clock(100);
-        assert_eq!(m.get(&ctx, &1).unwrap(), None);
-        assert_eq!(m.get(&ctx, &2).unwrap().map(String::as_str), Some("b"));
+        assert_eq!(m.get(&mut ctx, &1).unwrap(), None);
+        assert_eq!(m.get(&mut ctx, &2).unwrap().map(String::as_str), Some("b"));
         let entries: Vec<(u32, String)> = m
-            .entries(&ctx)
+            .entries(&mut ctx)
             .unwrap()
             .into_iter()
             .map(|(k, v)| (*k, v.clone()))
             .collect();
         assert_eq!(entries, vec![(2, "b".to_string())]);
-        let mut again = restored_at(ctx.snapshot("op"), 100);
+        let mut again = restored_at(ctx.snapshot("op").unwrap(), 100);
         let m = again
             .map_state_with_ttl::<u32, String>("m", ttl(100))
             .unwrap();
         again.set_current_key(7);
-        assert_eq!(m.entries(&again).unwrap().len(), 1);
+        assert_eq!(m.entries(&mut again).unwrap().len(), 1);
         again.set_ttl_clock(160);
-        assert!(m.entries(&again).unwrap().is_empty());
-        let _ = again.snapshot("op");
+        assert!(m.entries(&mut again).unwrap().is_empty());
+        let _ = again.snapshot("op").unwrap();
         assert_eq!(again.tables[0].len(), 0, "an emptied map leaves the table");
     }
 
@@ -1432,9 +1811,9 @@ mod tests {
         ctx.set_ttl_clock(50);
         assert_eq!(r.add(&mut ctx, 2).unwrap(), 3);
         ctx.set_ttl_clock(149);
-        assert_eq!(r.get(&ctx).unwrap(), Some(&3));
+        assert_eq!(r.get(&mut ctx).unwrap(), Some(&3));
         ctx.set_ttl_clock(150);
-        assert_eq!(r.get(&ctx).unwrap(), None);
+        assert_eq!(r.get(&mut ctx).unwrap(), None);
         assert_eq!(r.add(&mut ctx, 5).unwrap(), 5);
     }
 
@@ -1444,7 +1823,7 @@ mod tests {
         let v = plain.value_state::<u64>("v").unwrap();
         plain.set_current_key(1);
         v.update(&mut plain, 1).unwrap();
-        let mut again = restored_at(plain.snapshot("op"), 0);
+        let mut again = restored_at(plain.snapshot("op").unwrap(), 0);
         let Err(TaskError::Unrecoverable(e)) = again.value_state_with_ttl::<u64>("v", ttl(10))
         else {
             panic!("a state written without ttl was read with it");
@@ -1456,7 +1835,7 @@ mod tests {
         let v = with.value_state_with_ttl::<u64>("v", ttl(10)).unwrap();
         with.set_current_key(1);
         v.update(&mut with, 1).unwrap();
-        let data = restored_from(with.snapshot("op"));
+        let data = restored_from(with.snapshot("op").unwrap());
         assert_eq!(data["v"].serializer.id, SERDE_POSTCARD_TTL);
         let mut again = KeyedContext::<u32>::new(0, 1, 128, data);
         let Err(TaskError::Unrecoverable(e)) = again.value_state::<u64>("v") else {

@@ -65,6 +65,11 @@ impl StateTtlConfig {
         self
     }
 
+    /// The time to live (ms).
+    pub fn ttl_ms(&self) -> i64 {
+        self.ttl_ms
+    }
+
     /// Whether an entry last accessed at `stamp` has expired at `now` (ms).
     pub fn expired(&self, stamp: i64, now: i64) -> bool {
         now.saturating_sub(stamp) >= self.ttl_ms

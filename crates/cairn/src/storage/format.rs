@@ -14,8 +14,11 @@
 //! |      6 |    1 | file kind ([`FileKind`] as `u8`)             |
 //! |      7 |    2 | format version (`u16`, [`FORMAT_VERSION`])   |
 //! |      9 |    8 | payload length in bytes (`u64`)              |
-//! |     17 |    4 | CRC32 of the payload (`u32`, `crc32fast`)    |
+//! |     17 |    4 | CRC32 of version and payload (`u32`)         |
 //! |     21 |    n | payload                                      |
+//!
+//! From version 3 the CRC32 (`crc32fast`) covers the version's two bytes and then the
+//! payload; in version 2 it covered the payload only.
 //!
 //! The file must end exactly after the payload: trailing bytes are rejected
 //! with [`FormatError::LengthMismatch`]. [`encode`] and [`decode`] use
@@ -29,10 +32,16 @@ use std::fmt;
 
 use thiserror::Error;
 
-/// The current (and only supported) version of the checkpoint file format. Version 2:
-/// keys are placed in key groups by their stable key encoding, and every state carries
-/// its kind and serializer; version 1 files are refused, since their key groups differ.
-pub const FORMAT_VERSION: u16 = 2;
+/// The current version of the checkpoint file format. Version 2: keys are placed in key
+/// groups by their stable key encoding, and every state carries its kind and serializer;
+/// version 1 files are refused, since their key groups differ. Version 3 appends one list to
+/// the end of `_metadata` (the shared files a checkpoint references) and of a task state file
+/// (the handles of embedded disk state): a version 2 file of those kinds reads as version 3
+/// with that list empty ([`OLDEST_READABLE_VERSION`]).
+pub const FORMAT_VERSION: u16 = 3;
+
+/// The oldest version this build reads.
+pub const OLDEST_READABLE_VERSION: u16 = 2;
 
 /// Magic bytes at the start of every checkpoint file.
 pub const MAGIC: [u8; 6] = *b"CAIRN\x00";
@@ -172,13 +181,18 @@ pub fn encode_frame(kind: FileKind, payload: &[u8]) -> Vec<u8> {
     out.push(kind.as_u8());
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(&checksum(FORMAT_VERSION, payload).to_le_bytes());
     out.extend_from_slice(payload);
     out
 }
 
 /// Validates a frame of the given kind and returns its payload.
 pub fn decode_frame(kind: FileKind, bytes: &[u8]) -> Result<&[u8], FormatError> {
+    decode_versioned_frame(kind, bytes).map(|(_, payload)| payload)
+}
+
+/// Validates a frame of the given kind and returns its format version and payload.
+pub fn decode_versioned_frame(kind: FileKind, bytes: &[u8]) -> Result<(u16, &[u8]), FormatError> {
     // Check whatever part of the magic is present first, so that a short
     // foreign file is reported as such rather than as truncated.
     let magic_len = bytes.len().min(MAGIC.len());
@@ -192,7 +206,7 @@ pub fn decode_frame(kind: FileKind, bytes: &[u8]) -> Result<&[u8], FormatError> 
         });
     };
     let version = u16::from_le_bytes([header[VERSION_OFFSET], header[VERSION_OFFSET + 1]]);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(FormatError::UnsupportedVersion(version));
     }
     let found = header[KIND_OFFSET];
@@ -215,11 +229,22 @@ pub fn decode_frame(kind: FileKind, bytes: &[u8]) -> Result<&[u8], FormatError> 
     if declared < actual {
         return Err(FormatError::LengthMismatch { declared, actual });
     }
-    let computed = crc32fast::hash(payload);
+    let computed = checksum(version, payload);
     if computed != stored {
         return Err(FormatError::ChecksumMismatch { stored, computed });
     }
-    Ok(payload)
+    Ok((version, payload))
+}
+
+/// The checksum of a frame of `version`: from version 3 on it covers the version too, so that
+/// a flipped version bit is caught; version 2 covered the payload only.
+fn checksum(version: u16, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    if version >= 3 {
+        h.update(&version.to_le_bytes());
+    }
+    h.update(payload);
+    h.finalize()
 }
 
 /// Copies a slice of known length into an array (callers pass exact ranges).
@@ -242,7 +267,15 @@ pub fn decode<T: serde::de::DeserializeOwned>(
     kind: FileKind,
     bytes: &[u8],
 ) -> Result<T, FormatError> {
-    let payload = decode_frame(kind, bytes)?;
+    let (version, payload) = decode_versioned_frame(kind, bytes)?;
+    let upgraded;
+    let payload = if version == 2 && matches!(kind, FileKind::Metadata | FileKind::TaskState) {
+        // Version 3 appended a list to these files: a version 2 file has it empty.
+        upgraded = [payload, &[0u8]].concat();
+        &upgraded[..]
+    } else {
+        payload
+    };
     let (value, rest) =
         postcard::take_from_bytes(payload).map_err(|e| FormatError::Decode(e.to_string()))?;
     if !rest.is_empty() {
@@ -285,7 +318,11 @@ mod tests {
         assert_eq!(frame[6], 2);
         assert_eq!(&frame[7..9], &FORMAT_VERSION.to_le_bytes());
         assert_eq!(&frame[9..17], &3u64.to_le_bytes());
-        assert_eq!(&frame[17..21], &crc32fast::hash(b"abc").to_le_bytes());
+        // Version 3 on: the checksum covers the version and the payload.
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&3u16.to_le_bytes());
+        crc.update(b"abc");
+        assert_eq!(&frame[17..21], &crc.finalize().to_le_bytes());
         assert_eq!(&frame[21..], b"abc");
     }
 

@@ -15,9 +15,10 @@ use cairn::cluster::protocol::{
 };
 use cairn::config::JobConfig;
 use cairn::runtime::channel::{Barrier, BarrierKind, ControlMail, DataFrame};
+use cairn::state::rocks::{DiskFile, DiskFileLocation};
 use cairn::state::{
-    ChannelStateData, KeyedTableData, OperatorListData, OperatorStateData, SerializerId,
-    StateDescriptor, StateKind,
+    ChannelStateData, DiskStateData, KeyedTableData, OperatorListData, OperatorStateData,
+    SerializerId, StateDescriptor, StateKind,
 };
 use cairn::storage::format::{decode, encode, encode_frame, FileKind};
 use cairn::storage::{CheckpointStorage, MemoryStorage};
@@ -31,6 +32,7 @@ pub mod seeds {
             id,
             timestamp_ms: 1_700_000_000_000,
             aligned_only: id % 2 == 0,
+            savepoint: id % 3 == 0,
         }
     }
 
@@ -160,6 +162,7 @@ pub mod seeds {
                         unaligned: true,
                         ..Default::default()
                     },
+                    shared_files: vec!["job-1/shared/4-00ff-000012.sst".into()],
                 }),
             },
             ToCoordinator::Event {
@@ -231,6 +234,7 @@ pub mod seeds {
                 async_ms: 2,
                 ..Default::default()
             }],
+            shared_files: Vec::new(),
         }
     }
 
@@ -257,6 +261,21 @@ pub mod seeds {
                     channels_total: 2,
                     channels: vec![(0, vec![vec![5]]), (1, vec![vec![6], vec![7, 8]])],
                 }),
+            }],
+            disk: vec![DiskStateData {
+                uid: uid.into(),
+                instance: format!("instance-{subtask}"),
+                first_key_group: subtask * 4,
+                last_key_group: subtask * 4 + 3,
+                states: vec![StateDescriptor {
+                    name: "counts".into(),
+                    kind: StateKind::Value,
+                    serializer: SerializerId::postcard::<u64>(),
+                }],
+                files: vec![DiskFile {
+                    name: "CURRENT".into(),
+                    location: DiskFileLocation::Inline(b"MANIFEST-000005\n".to_vec()),
+                }],
             }],
         }
     }
