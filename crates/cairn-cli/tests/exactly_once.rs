@@ -73,6 +73,23 @@ fn injected_failures_with_unaligned_checkpoints_keep_exactly_once() {
     assert_all_exactly_once(injected(&["--unaligned"], &[2, 8, 43]));
 }
 
+/// In-process restarts with RocksDB and incremental checkpoints: each restart restores the
+/// subtasks' instances from the newest checkpoint (and the coordinator keeps every shared file
+/// it references); aligned and unaligned.
+#[test]
+fn injected_failures_with_rocksdb_keep_exactly_once() {
+    let rocksdb = [
+        "-D",
+        "state.backend.type=rocksdb",
+        "-D",
+        "state.backend.incremental=true",
+    ];
+    assert_all_exactly_once(injected(&rocksdb, &[4, 10]));
+    let mut unaligned = rocksdb.to_vec();
+    unaligned.push("--unaligned");
+    assert_all_exactly_once(injected(&unaligned, &[5]));
+}
+
 #[test]
 fn injected_failures_with_alignment_timeout_keep_exactly_once() {
     assert_all_exactly_once(injected(&["--aligned-checkpoint-timeout", "2ms"], &[3, 9]));

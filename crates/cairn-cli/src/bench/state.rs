@@ -9,8 +9,9 @@
 //!    directory plus every shared file it references.
 //! 2. The heap backend's synchronous pause (the longest synchronous part of a checkpoint) at
 //!    100 k, 1 M and 10 M keys.
-//! 3. State larger than memory: wordcount on RocksDB with an 8 MiB memory budget and enough
-//!    keys for a state of at least 4 times that; its peak RSS against the budget.
+//! 3. State larger than memory: wordcount on RocksDB with an 8 MiB memory budget over enough
+//!    keys (each read once) for a state of at least 4 times that; its peak RSS against the
+//!    budget.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -27,7 +28,10 @@ const FLINK_ROCKSDB_P1: f64 = 156_000.0;
 const SYNC_KEYS: [u64; 3] = [100_000, 1_000_000, 10_000_000];
 const LARGE_BUDGET: &str = "8mb";
 const LARGE_BUDGET_BYTES: u64 = 8 << 20;
-const LARGE_KEYS: u64 = 4_000_000;
+const LARGE_KEYS: u64 = 5_000_000;
+/// What a process needs besides RocksDB's budget (binary, allocator, threads, RocksDB's table
+/// readers and the buffers of an upload in flight), measured here at 1 M to 5 M keys.
+const LARGE_MARGIN_BYTES: u64 = 48 << 20;
 
 struct Measured {
     rate: f64,
@@ -249,17 +253,26 @@ pub(super) fn run(args: &BenchArgs, exe: &Path, scratch: &Path) -> Result<()> {
         exe,
         scratch,
         "larger-than-memory",
-        (2 * LARGE_KEYS, LARGE_KEYS, 1),
+        (LARGE_KEYS, LARGE_KEYS, 1),
         &extra,
     )?;
+    let within = m
+        .peak_rss
+        .map(|r| r <= LARGE_BUDGET_BYTES + LARGE_MARGIN_BYTES);
     println!(
-        "state larger than memory: rocksdb, memory budget {}, --keys {LARGE_KEYS} (p=1): state {} = {:.1}x the budget; peak RSS {} = budget + {}; {:.0} records/s",
+        "state larger than memory: rocksdb, memory budget {}, --keys {LARGE_KEYS} (p=1): state {} = {:.1}x the budget; peak RSS {} = budget + {} ({} the stated margin of {}); {:.0} records/s",
         bytes_token(LARGE_BUDGET_BYTES),
         bytes_token(m.state),
         m.state as f64 / LARGE_BUDGET_BYTES as f64,
         rss(&m),
         m.peak_rss
             .map_or("-".into(), |r| bytes_token(r.saturating_sub(LARGE_BUDGET_BYTES))),
+        match within {
+            Some(true) => "within",
+            Some(false) => "OVER",
+            None => "unknown against",
+        },
+        bytes_token(LARGE_MARGIN_BYTES),
         m.rate
     );
     Ok(())

@@ -290,14 +290,24 @@ impl RocksInstance {
             false,
             cache.clone(),
         );
+        // Index and filter blocks are charged to the cache too, partitioned so that a state
+        // far larger than the cache reads a small partition per lookup, not a whole filter;
+        // the top level stays pinned.
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&cache);
         table.set_cache_index_and_filter_blocks(true);
+        table.set_cache_index_and_filter_blocks_with_high_priority(true);
+        table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+        table.set_partition_filters(true);
+        table.set_pin_top_level_index_and_filter(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         table.set_bloom_filter(10.0, false);
         let mut cf_options = Options::default();
         cf_options.set_block_based_table_factory(&table);
         cf_options.set_compression_type(rocksdb::DBCompressionType::Lz4);
         cf_options.set_write_buffer_size((budget as usize / 8).clamp(1 << 20, 64 << 20));
+        // Smaller files: an upload reads one file at a time into memory.
+        cf_options.set_target_file_size_base((budget / 4).clamp(1 << 20, 64 << 20));
         let mut write = WriteOptions::default();
         // Never needed: a restore always starts from a checkpoint, never from the local files.
         write.disable_wal(true);
