@@ -844,7 +844,7 @@ impl<K: Key> KeyedContext<K> {
         self.range
     }
 
-    /// Number of keys in all tables (for statistics and tests).
+    /// Number of keys in all tables (RocksDB backend: the cached ones), for statistics.
     pub fn entries(&self) -> usize {
         self.tables.iter().map(|t| t.len()).sum()
     }
