@@ -247,13 +247,19 @@ impl Watched {
         assert!(ok, "kill -TERM failed");
     }
 
+    /// Waits, while the process runs, until `done` holds; fails the test naming `what` if
+    /// `deadline` passes first.
+    pub fn wait_until(&mut self, what: &str, deadline: Instant, mut done: impl FnMut() -> bool) {
+        while !done() {
+            self.assert_running();
+            assert!(Instant::now() < deadline, "{what} did not happen in time");
+            std::thread::park_timeout(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// Waits, while the process runs, until a checkpoint of some job under `ck` completed.
     pub fn wait_for_a_checkpoint(&mut self, ck: &Path, deadline: Instant) {
-        while !a_checkpoint_completed(ck) {
-            self.assert_running();
-            assert!(Instant::now() < deadline, "no checkpoint completed in time");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        self.wait_until("a checkpoint", deadline, || a_checkpoint_completed(ck));
     }
 
     /// For a `cairn run … --savepoint-on-exit DIR` whose checkpoints go under `ck`: once a

@@ -112,14 +112,9 @@ fn shared_files_on_disk_are_exactly_those_the_retained_checkpoints_reference() {
     cmd.arg(&sp);
     let mut resumed = Watched::spawn(&mut cmd);
     let deadline = Instant::now() + DEADLINE;
-    while completed(&job).last().is_none_or(|&c| c < 100) {
-        resumed.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "100 checkpoints did not complete in time"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    resumed.wait_until("checkpoint 100", deadline, || {
+        completed(&job).last().is_some_and(|&c| c >= 100)
+    });
     resumed.terminate();
     resumed.wait_for_line("savepoint stored in ", deadline);
     let (status, stderr) = resumed.wait(deadline);

@@ -605,6 +605,28 @@ fn copy_committed(from: &Path, to: &Path) {
     }
 }
 
+/// Copies the fixture's committed output and savepoint into `dir` (the fixture stays
+/// untouched); returns the output directory and the savepoint.
+fn fixture_copy(fixture: &Path, dir: &Path) -> (PathBuf, PathBuf) {
+    let (out, sp) = (dir.join("out"), dir.join("sp"));
+    copy_committed(&fixture.join("output"), &out);
+    copy_dir(&fixture.join("savepoint"), &sp);
+    (out, sp)
+}
+
+/// The fixture's job resumed from `sp` at parallelism 3, committing into `out`.
+fn resume_fixture(out: &Path, ck: &Path, sp: &Path) -> std::process::Command {
+    let mut cmd = cairn();
+    cmd.args(["run", "wordcount", "--generate", &FIXTURE_WORDS.to_string()])
+        .args(["--keys", &FIXTURE_KEYS.to_string(), "-p", "3", "--output"])
+        .arg(out)
+        .arg("--checkpoint-dir")
+        .arg(ck)
+        .arg("--from")
+        .arg(sp);
+    cmd
+}
+
 fn write_savepoint_fixture(fixture: &Path) {
     let dir = tempfile::tempdir().unwrap();
     let (out, ck) = (dir.path().join("out"), dir.path().join("ck"));
@@ -652,25 +674,13 @@ fn committed_savepoint_fixture_restores_and_continues_exactly_once() {
 
     // The fixture stays untouched: the run works on copies of it.
     let dir = tempfile::tempdir().unwrap();
-    let (out, sp) = (dir.path().join("out"), dir.path().join("sp"));
-    copy_committed(&fixture.join("output"), &out);
-    copy_dir(&fixture.join("savepoint"), &sp);
+    let (out, sp) = fixture_copy(&fixture, dir.path());
     let before = committed_records(&out);
     assert!(
         before > 0 && before < FIXTURE_WORDS,
         "the fixture's run stopped mid-way: {before} of {FIXTURE_WORDS}"
     );
-    let resume = || {
-        let mut cmd = cairn();
-        cmd.args(["run", "wordcount", "--generate", &FIXTURE_WORDS.to_string()])
-            .args(["--keys", &FIXTURE_KEYS.to_string(), "-p", "3", "--output"])
-            .arg(&out)
-            .arg("--checkpoint-dir")
-            .arg(dir.path().join("ck"))
-            .arg("--from")
-            .arg(&sp);
-        cmd
-    };
+    let resume = || resume_fixture(&out, &dir.path().join("ck"), &sp);
 
     // Another max parallelism would put keys in other key groups: refused before anything runs.
     let refused = resume()
@@ -696,20 +706,10 @@ fn committed_savepoint_fixture_restores_and_continues_exactly_once() {
 /// on the RocksDB backend at parallelism 3 and continues exactly once.
 #[test]
 fn committed_savepoint_fixture_restores_on_rocksdb() {
-    let fixture = fixture_dir();
     let dir = tempfile::tempdir().unwrap();
-    let (out, sp) = (dir.path().join("out"), dir.path().join("sp"));
-    copy_committed(&fixture.join("output"), &out);
-    copy_dir(&fixture.join("savepoint"), &sp);
-    let mut cmd = cairn();
-    cmd.args(["run", "wordcount", "--generate", &FIXTURE_WORDS.to_string()])
-        .args(["--keys", &FIXTURE_KEYS.to_string(), "-p", "3", "--output"])
-        .arg(&out)
-        .arg("--checkpoint-dir")
-        .arg(dir.path().join("ck"))
-        .arg("--from")
-        .arg(&sp)
-        .args(ROCKSDB);
+    let (out, sp) = fixture_copy(&fixture_dir(), dir.path());
+    let mut cmd = resume_fixture(&out, &dir.path().join("ck"), &sp);
+    cmd.args(ROCKSDB);
     let (status, stderr) = Watched::spawn(&mut cmd).wait(Instant::now() + DEADLINE);
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("restored from"), "{stderr}");

@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
+use super::restore::read_metadata;
 use super::{
     Barrier, BarrierKind, CheckpointMetadata, DeclineCause, OperatorMetadata, SubtaskStateHandle,
     TaskAck,
 };
 use crate::state::rocks::shared_file_checkpoint;
-use crate::storage::format::{decode, encode, FileKind};
+use crate::storage::format::{encode, FileKind};
 use crate::storage::layout::{
     checkpoint_dir, metadata_path, parse_checkpoint_dir, shared_dir, METADATA_FILE,
 };
@@ -311,11 +312,8 @@ impl CheckpointCoordinator {
                 let Some(id) = parse_checkpoint_dir(&name) else {
                     continue;
                 };
-                let path = metadata_path(&self.job_id, id);
-                if let Ok(bytes) = self.storage.read(&path) {
-                    if let Ok(meta) = decode::<CheckpointMetadata>(FileKind::Metadata, &bytes) {
-                        referenced.extend(meta.shared_files);
-                    }
+                if let Ok(meta) = read_metadata(self.storage.as_ref(), &self.job_id, id) {
+                    referenced.extend(meta.shared_files);
                 }
             }
         }
@@ -345,11 +343,7 @@ impl CheckpointCoordinator {
         if let Some(c) = self.completed.iter().find(|c| c.id == id) {
             return Ok(c.metadata.clone());
         }
-        let path = metadata_path(&self.job_id, id);
-        let bytes = self.storage.read(&path).map_err(|e| e.to_string())?;
-        decode::<CheckpointMetadata>(FileKind::Metadata, &bytes)
-            .map(Arc::new)
-            .map_err(|e| format!("{}: {e}", self.storage.location(&path)))
+        read_metadata(self.storage.as_ref(), &self.job_id, id).map(Arc::new)
     }
 
     /// Fails every savepoint not taken yet (the job is ending, or cannot take one now).

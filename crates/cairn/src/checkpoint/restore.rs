@@ -352,6 +352,17 @@ fn check_disk_files(storage: &dyn CheckpointStorage, d: &DiskStateData) -> Resul
 
 /// Checks every index in `_metadata` that restoring computes with or compares against: the
 /// file is checksummed, but it may come from another build or have been edited.
+/// The `_metadata` of checkpoint `id` of job `job_id` (decoded, not validated).
+pub fn read_metadata(
+    storage: &dyn CheckpointStorage,
+    job_id: &str,
+    id: u64,
+) -> Result<CheckpointMetadata, String> {
+    let path = metadata_path(job_id, id);
+    let bytes = storage.read(&path).map_err(|e| e.to_string())?;
+    decode(FileKind::Metadata, &bytes).map_err(|e| format!("{}: {e}", storage.location(&path)))
+}
+
 fn validate_metadata(m: &CheckpointMetadata) -> Result<(), String> {
     if !(1..=MAX_MAX_PARALLELISM).contains(&m.max_parallelism) {
         return Err(format!(
@@ -482,11 +493,8 @@ pub fn find_latest_of(
             }
             // Order by completion time. A metadata file that does not decode sorts newest: its
             // checkpoint completed, and when is unknown, so it must not be passed over.
-            let ts = storage
-                .read(&metadata_path(&job, id))
-                .ok()
-                .and_then(|b| decode::<CheckpointMetadata>(FileKind::Metadata, &b).ok())
-                .map_or(u64::MAX, |m| m.completed_timestamp_ms);
+            let ts =
+                read_metadata(storage, &job, id).map_or(u64::MAX, |m| m.completed_timestamp_ms);
             completed.push((ts, id, job.clone()));
         }
     }

@@ -40,41 +40,28 @@ impl SubtaskInit {
     pub fn keyed_context<K: Key>(&mut self) -> KeyedContext<K> {
         let keyed = std::mem::take(&mut self.restored.keyed);
         let disk = std::mem::take(&mut self.restored.disk);
-        let Some(settings) = &self.rocksdb else {
-            let ctx =
-                KeyedContext::new(self.subtask, self.parallelism, self.max_parallelism, keyed);
-            if disk.is_empty() {
-                return ctx;
-            }
-            return ctx.failed(TaskError::Unrecoverable(format!(
+        let (subtask, p, mp) = (self.subtask, self.parallelism, self.max_parallelism);
+        let settings = match &self.rocksdb {
+            None if disk.is_empty() => return KeyedContext::new(subtask, p, mp, keyed),
+            None => Err(TaskError::Unrecoverable(format!(
                 "the keyed state of operator '{}' was checkpointed by the rocksdb state backend; restore it with state.backend.type: rocksdb, or move it to another backend with a savepoint",
                 self.uid
-            )));
+            ))),
+            // Restored files are downloaded from the storage the checkpoint was loaded from.
+            Some(s) => match &self.restored.disk_root {
+                None => Ok(s.clone()),
+                Some(root) => crate::storage::FsStorage::open(root)
+                    .map(|fs| RocksDbSettings {
+                        storage: Arc::new(fs),
+                        ..s.clone()
+                    })
+                    .map_err(|e| TaskError::msg(e.to_string())),
+            },
         };
-        let mut settings = settings.clone();
-        if let Some(root) = &self.restored.disk_root {
-            match crate::storage::FsStorage::open(root) {
-                Ok(fs) => settings.storage = Arc::new(fs),
-                Err(e) => {
-                    let ctx = KeyedContext::new(
-                        self.subtask,
-                        self.parallelism,
-                        self.max_parallelism,
-                        keyed,
-                    );
-                    return ctx.failed(TaskError::msg(e.to_string()));
-                }
-            }
+        match settings {
+            Ok(s) => KeyedContext::on_disk(&self.uid, subtask, p, mp, keyed, disk, &s),
+            Err(e) => KeyedContext::new(subtask, p, mp, keyed).failed(e),
         }
-        KeyedContext::on_disk(
-            &self.uid,
-            self.subtask,
-            self.parallelism,
-            self.max_parallelism,
-            keyed,
-            disk,
-            &settings,
-        )
     }
 
     /// The operator state of this subtask, with the lists restored for it.

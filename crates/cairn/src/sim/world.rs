@@ -30,9 +30,9 @@ use super::storage::FaultyStorage;
 use crate::checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointSettings, TaskInfo, TaskMessage,
 };
+use crate::checkpoint::restore::read_metadata;
 use crate::checkpoint::{
-    CheckpointMetadata, DeclineCause, OperatorStates, SavepointOutcome, SavepointRequest, TaskAck,
-    TaskCheckpointStats,
+    DeclineCause, OperatorStates, SavepointOutcome, SavepointRequest, TaskAck, TaskCheckpointStats,
 };
 use crate::config::RestartStrategyConfig;
 use crate::error::TaskError;
@@ -46,7 +46,6 @@ use crate::runtime::task::JobEvent;
 use crate::runtime::watermark::{WatermarkOutput, WatermarkValve};
 use crate::runtime::SavepointKind;
 use crate::state::Timers;
-use crate::storage::format::{decode, FileKind};
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, shared_dir};
 use crate::storage::{CheckpointStorage, MemoryStorage};
 
@@ -1028,11 +1027,16 @@ impl World {
             let Some(id) = parse_checkpoint_dir(&name) else {
                 continue;
             };
-            if let Ok(bytes) = self.storage.read(&metadata_path(JOB, id)) {
-                match decode::<CheckpointMetadata>(FileKind::Metadata, &bytes) {
-                    Ok(m) => referenced.extend(m.shared_files),
-                    Err(e) => return self.violate(format!("checkpoint {id}: {e}")),
-                }
+            if !self
+                .storage
+                .exists(&metadata_path(JOB, id))
+                .unwrap_or(false)
+            {
+                continue;
+            }
+            match read_metadata(&self.storage, JOB, id) {
+                Ok(m) => referenced.extend(m.shared_files),
+                Err(e) => return self.violate(format!("checkpoint {id}: {e}")),
             }
         }
         if let Some(f) = on_disk.difference(&referenced).next() {

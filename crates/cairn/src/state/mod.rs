@@ -397,6 +397,17 @@ struct TtlHooks<S> {
     ttl_ms: i64,
 }
 
+impl<V: StateValue> TtlHooks<Ttl<V>> {
+    /// The hooks of a state holding one value per key (value and reducing state).
+    fn single(ttl: StateTtlConfig) -> Self {
+        TtlHooks {
+            prune: Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now)),
+            stamp: Ttl::<V>::stamp,
+            ttl_ms: ttl.ttl_ms(),
+        }
+    }
+}
+
 struct Table<K, S> {
     name: String,
     kind: StateKind,
@@ -690,16 +701,6 @@ impl<K: Key> KeyedContext<K> {
     pub fn failed(mut self, error: TaskError) -> Self {
         self.timer_error = Some(error);
         self
-    }
-
-    /// Whether keyed state lives on disk (RocksDB).
-    pub fn is_on_disk(&self) -> bool {
-        self.rocks.is_some()
-    }
-
-    /// Approximate bytes of disk state in SST files (0 on the heap backend).
-    pub fn disk_bytes(&self) -> u64 {
-        self.rocks.as_ref().map_or(0, |r| r.disk_bytes())
     }
 
     /// Checkpoint `id` completed (the disk backend may reference its files from now on).
@@ -1013,11 +1014,7 @@ impl<K: Key> KeyedContext<K> {
         name: &str,
         ttl: StateTtlConfig,
     ) -> TaskResult<ValueState<V>> {
-        let hooks = TtlHooks {
-            prune: Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now)),
-            stamp: Ttl::<V>::stamp,
-            ttl_ms: ttl.ttl_ms(),
-        };
+        let hooks = TtlHooks::single(ttl);
         Ok(ValueState {
             idx: self.register_with::<Ttl<V>>(name, StateKind::Value, Some(hooks))?,
             ttl: Some(ttl),
@@ -1055,11 +1052,7 @@ impl<K: Key> KeyedContext<K> {
         ttl: StateTtlConfig,
         reduce: impl Fn(&V, &V) -> V + Send + Sync + 'static,
     ) -> TaskResult<ReducingState<V>> {
-        let hooks = TtlHooks {
-            prune: Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now)),
-            stamp: Ttl::<V>::stamp,
-            ttl_ms: ttl.ttl_ms(),
-        };
+        let hooks = TtlHooks::single(ttl);
         Ok(ReducingState {
             idx: self.register_with::<Ttl<V>>(name, StateKind::Reducing, Some(hooks))?,
             reduce: Arc::new(reduce),

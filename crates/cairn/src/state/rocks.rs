@@ -41,7 +41,7 @@ use tracing::{debug, warn};
 use super::keygroup::KeyGroupRange;
 use super::{KeyedTableData, StateDescriptor};
 use crate::error::{TaskError, TaskResult};
-use crate::storage::format::{decode, encode_frame, FileKind};
+use crate::storage::format::{encode_frame, FileKind};
 use crate::storage::layout::{checkpoint_dir, shared_dir};
 use crate::storage::CheckpointStorage;
 
@@ -174,7 +174,7 @@ struct Uploads {
 }
 
 impl Uploads {
-    /// The upload snapshot `id`'s file `name` may reference, if any.
+    /// The earlier upload the next snapshot's file `name` may reference, if any.
     fn reusable(&self, name: &str) -> Option<(String, u64)> {
         let (path, size) = self.confirmed.get(name)?;
         self.decided
@@ -556,20 +556,6 @@ impl RocksInstance {
             .ok_or_else(|| TaskError::msg(format!("RocksDB: no column family '{cf}'")))
     }
 
-    /// Approximate bytes of live data on disk (statistics).
-    pub(crate) fn disk_bytes(&self) -> u64 {
-        let db = self.db();
-        self.states
-            .keys()
-            .filter_map(|n| db.cf_handle(n))
-            .filter_map(|h| {
-                db.property_int_value_cf(h, rocksdb::properties::TOTAL_SST_FILES_SIZE)
-                    .ok()
-                    .flatten()
-            })
-            .sum()
-    }
-
     /// The synchronous part of a snapshot (after the caches were written back): flushes the
     /// memtables and takes a RocksDB checkpoint into a local directory. The returned closure
     /// is the asynchronous part.
@@ -876,12 +862,6 @@ fn close_group((kg, count, entries): (u32, u64, Vec<u8>)) -> (u32, Vec<u8>) {
     (kg, bytes)
 }
 
-/// Reads a task state file's disk handles (tests and tools).
-pub fn decode_disk_state(bytes: &[u8]) -> TaskResult<Vec<DiskStateData>> {
-    let f: crate::checkpoint::restore::TaskStateFile = decode(FileKind::TaskState, bytes)?;
-    Ok(f.disk)
-}
-
 /// One suite over both backends: every state kind through checkpoints (full and incremental),
 /// restores at the same and other parallelisms, savepoints moving state between backends,
 /// uploads of incremental checkpoints, the bounded cache, and time-to-live.
@@ -952,6 +932,11 @@ mod tests {
             };
             ctx.check_restored().unwrap();
             ctx
+        }
+
+        /// A subtask of parallelism 1 with nothing restored.
+        fn fresh(&self, b: Backend) -> KeyedContext<u64> {
+            self.ctx(b, 0, 1, RestoredState::default())
         }
 
         /// Takes snapshot `id` (a savepoint: canonical) and completes it.
@@ -1083,7 +1068,7 @@ mod tests {
     fn every_state_kind_survives_checkpoints_restores_and_rescaling_on_both_backends() {
         for b in BACKENDS {
             let env = Env::new();
-            let mut ctx = env.ctx(b, 0, 1, RestoredState::default());
+            let mut ctx = env.fresh(b);
             write_all(&mut ctx, 0);
             let first = vec![env.snapshot(&mut ctx, 1, false)];
             // Changes after the synchronous part do not leak into the snapshot.
@@ -1124,7 +1109,7 @@ mod tests {
             Backend::Rocks { incremental: false },
             Backend::Heap,
         ];
-        let mut ctx = env.ctx(path[0], 0, 1, RestoredState::default());
+        let mut ctx = env.fresh(path[0]);
         write_all(&mut ctx, 0);
         let mut sp = vec![env.snapshot(&mut ctx, 1, true)];
         for (round, b) in path.iter().enumerate().skip(1) {
@@ -1156,12 +1141,7 @@ mod tests {
     #[test]
     fn incremental_checkpoints_upload_only_new_files() {
         let env = Env::new();
-        let mut ctx = env.ctx(
-            Backend::Rocks { incremental: true },
-            0,
-            1,
-            RestoredState::default(),
-        );
+        let mut ctx = env.fresh(Backend::Rocks { incremental: true });
         let v = ctx.value_state::<u64>("v").unwrap();
         for k in 0..50_000u64 {
             ctx.set_current_key(k);
@@ -1253,12 +1233,7 @@ mod tests {
     #[test]
     fn snapshots_taken_before_a_completion_was_known_are_not_undercut() {
         let env = Env::new();
-        let mut ctx = env.ctx(
-            Backend::Rocks { incremental: true },
-            0,
-            1,
-            RestoredState::default(),
-        );
+        let mut ctx = env.fresh(Backend::Rocks { incremental: true });
         let v = ctx.value_state::<u64>("v").unwrap();
         let write = |ctx: &mut KeyedContext<u64>, round: u64| {
             for k in 0..1000u64 {
@@ -1380,7 +1355,7 @@ mod tests {
         for b in BACKENDS {
             let env = Env::new();
             let ttl = StateTtlConfig::new(Duration::from_millis(100));
-            let mut ctx = env.ctx(b, 0, 1, RestoredState::default());
+            let mut ctx = env.fresh(b);
             ctx.set_ttl_clock(1_000);
             let v = ctx.value_state_with_ttl::<u64>("v", ttl).unwrap();
             let m = ctx.map_state_with_ttl::<u32, u64>("m", ttl).unwrap();
@@ -1421,12 +1396,7 @@ mod tests {
     fn compaction_drops_expired_entries_of_a_state_with_time_to_live() {
         let env = Env::new();
         let ttl = StateTtlConfig::new(Duration::from_secs(60));
-        let mut ctx = env.ctx(
-            Backend::Rocks { incremental: true },
-            0,
-            1,
-            RestoredState::default(),
-        );
+        let mut ctx = env.fresh(Backend::Rocks { incremental: true });
         let v = ctx.value_state_with_ttl::<u64>("v", ttl).unwrap();
         let m = ctx.map_state_with_ttl::<u32, u64>("m", ttl).unwrap();
         let now = crate::checkpoint::now_ms() as i64;
@@ -1477,7 +1447,7 @@ mod tests {
     fn restored_state_registered_as_another_kind_is_refused_on_rocksdb() {
         let env = Env::new();
         let b = Backend::Rocks { incremental: true };
-        let mut ctx = env.ctx(b, 0, 1, RestoredState::default());
+        let mut ctx = env.fresh(b);
         write_all(&mut ctx, 0);
         let parts = vec![env.snapshot(&mut ctx, 1, false)];
         drop(ctx);
