@@ -54,6 +54,10 @@ pub mod keys {
     pub const NUM_RETAINED: &str = "state.checkpoints.num-retained";
     /// `state.backend.incremental`: write incremental checkpoints where the backend supports it.
     pub const INCREMENTAL: &str = "state.backend.incremental";
+    /// `state.backend.heap.copy-on-write`: the heap backend's snapshots freeze the tables and
+    /// copy entries as they change (true, the default) instead of copying every table in the
+    /// synchronous part (false: for comparing the two).
+    pub const HEAP_COPY_ON_WRITE: &str = "state.backend.heap.copy-on-write";
     /// `state.backend.rocksdb.localdir`: where RocksDB instances keep their working files.
     pub const ROCKSDB_LOCAL_DIR: &str = "state.backend.rocksdb.localdir";
     /// `state.backend.rocksdb.memory.fixed-per-slot`: the memory budget of one subtask's
@@ -126,6 +130,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::SAVEPOINTS_DIR,
     keys::NUM_RETAINED,
     keys::INCREMENTAL,
+    keys::HEAP_COPY_ON_WRITE,
     keys::ROCKSDB_LOCAL_DIR,
     keys::ROCKSDB_MEMORY,
     keys::IGNORE_UNCLAIMED_STATE,
@@ -604,6 +609,8 @@ pub struct JobConfig {
     pub num_retained: u32,
     /// `state.backend.incremental` (default false).
     pub incremental: bool,
+    /// `state.backend.heap.copy-on-write` (default true).
+    pub heap_copy_on_write: bool,
     /// `state.backend.rocksdb.localdir` (default: `cairn-rocksdb` in the temporary directory).
     pub rocksdb_local_dir: Option<PathBuf>,
     /// `state.backend.rocksdb.memory.fixed-per-slot` in bytes (default 128 MiB, at least 8 MiB).
@@ -644,6 +651,7 @@ impl Default for JobConfig {
             savepoints_dir: None,
             num_retained: 1,
             incremental: false,
+            heap_copy_on_write: true,
             rocksdb_local_dir: None,
             rocksdb_memory: crate::state::rocks::DEFAULT_MEMORY_BYTES,
             ignore_unclaimed_state: false,
@@ -776,6 +784,7 @@ impl JobConfig {
             keys::SAVEPOINTS_DIR => self.savepoints_dir = Some(p.checkpoint_dir()?),
             keys::NUM_RETAINED => self.num_retained = p.u32_min(1)?,
             keys::INCREMENTAL => self.incremental = p.bool()?,
+            keys::HEAP_COPY_ON_WRITE => self.heap_copy_on_write = p.bool()?,
             keys::ROCKSDB_LOCAL_DIR => self.rocksdb_local_dir = Some(p.checkpoint_dir()?),
             keys::ROCKSDB_MEMORY => self.rocksdb_memory = p.memory_size(8 << 20)?,
             keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state = p.bool()?,
@@ -950,6 +959,7 @@ impl JobConfig {
                     },
                     keys::NUM_RETAINED => self.num_retained.to_string(),
                     keys::INCREMENTAL => self.incremental.to_string(),
+                    keys::HEAP_COPY_ON_WRITE => self.heap_copy_on_write.to_string(),
                     keys::ROCKSDB_LOCAL_DIR => match &self.rocksdb_local_dir {
                         Some(p) => p.display().to_string(),
                         None => "(not set)".to_string(),
@@ -1009,6 +1019,7 @@ fn expected_for(key: &str) -> &'static str {
         keys::UNALIGNED_ENABLED
         | keys::UNALIGNED_ALIAS
         | keys::INCREMENTAL
+        | keys::HEAP_COPY_ON_WRITE
         | keys::IGNORE_UNCLAIMED_STATE => "true or false",
         keys::STATE_BACKEND => "hashmap or rocksdb",
         keys::CHECKPOINTS_DIR | keys::SAVEPOINTS_DIR | keys::ROCKSDB_LOCAL_DIR => {
@@ -1596,6 +1607,7 @@ mod tests {
             savepoints_dir: None,
             num_retained: 5,
             incremental: true,
+            heap_copy_on_write: true,
             rocksdb_local_dir: None,
             rocksdb_memory: crate::state::rocks::DEFAULT_MEMORY_BYTES,
             ignore_unclaimed_state: false,

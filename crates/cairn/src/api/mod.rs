@@ -64,10 +64,11 @@ use crate::window::{
     CollectAll, Emit, Reduce, ResultsOnly, Trigger, WindowFunction, WindowSpec, WithLate,
 };
 
-/// A record type: cloneable (broadcast, several consumers), sendable between threads and
-/// serializable (between processes).
-pub trait Data: Clone + Send + Serialize + DeserializeOwned + 'static {}
-impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> Data for T {}
+/// A record type: cloneable (broadcast, several consumers), sendable between threads,
+/// shareable (`Sync`: records kept in keyed state are read by a snapshot's asynchronous part
+/// while the task goes on) and serializable (between processes).
+pub trait Data: Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
+impl<T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static> Data for T {}
 
 #[derive(Default)]
 struct GraphBuilder {

@@ -315,6 +315,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                         .map(|c| c.restored_for(&spec.uid, i, p))
                         .unwrap_or_default(),
                     rocksdb: rocksdb.clone(),
+                    heap_copy_on_write: cx.config.heap_copy_on_write,
                 }
             };
             let tail = *v.nodes.last().unwrap_or(&v.nodes[0]);

@@ -31,6 +31,8 @@ pub struct SubtaskInit {
     pub restored: RestoredState,
     /// Keyed state lives in RocksDB (`state.backend.type: rocksdb`); None: on the heap.
     pub rocksdb: Option<RocksDbSettings>,
+    /// Heap backend: copy-on-write snapshots (`state.backend.heap.copy-on-write`).
+    pub heap_copy_on_write: bool,
 }
 
 impl SubtaskInit {
@@ -42,7 +44,10 @@ impl SubtaskInit {
         let disk = std::mem::take(&mut self.restored.disk);
         let (subtask, p, mp) = (self.subtask, self.parallelism, self.max_parallelism);
         let settings = match &self.rocksdb {
-            None if disk.is_empty() => return KeyedContext::new(subtask, p, mp, keyed),
+            None if disk.is_empty() => {
+                return KeyedContext::new(subtask, p, mp, keyed)
+                    .with_copy_on_write(self.heap_copy_on_write)
+            }
             None => Err(TaskError::Unrecoverable(format!(
                 "the keyed state of operator '{}' was checkpointed by the rocksdb state backend; restore it with state.backend.type: rocksdb, or move it to another backend with a savepoint",
                 self.uid

@@ -151,16 +151,16 @@ fn advance_event_time<K: Key, O>(
 ) -> TaskResult {
     ctx.set_watermark(watermark);
     let mut c = Collector::new(out);
-    while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, watermark) {
+    while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, watermark)? {
         on_timer(t, TimeDomain::EventTime, ctx, &mut c)?;
     }
-    if watermark == WATERMARK_MAX && !ctx.timers().processing.is_empty() {
-        for (t, key) in ctx.timers().processing.drain_all() {
+    if watermark == WATERMARK_MAX && ctx.has_processing_timers() {
+        for (t, key) in ctx.drain_processing_timers()? {
             ctx.set_current_key(key);
             ctx.set_timestamp(Some(t));
             on_timer(t, TimeDomain::ProcessingTime, ctx, &mut c)?;
         }
-        while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, watermark) {
+        while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, watermark)? {
             on_timer(t, TimeDomain::EventTime, ctx, &mut c)?;
         }
     }
@@ -186,7 +186,7 @@ fn advance_processing_time<K: Key, O>(
 ) -> TaskResult {
     let mut c = Collector::new(out);
     let upto = now_ms.saturating_sub(1);
-    while let Some(t) = ctx.next_due_timer(TimeDomain::ProcessingTime, upto) {
+    while let Some(t) = ctx.next_due_timer(TimeDomain::ProcessingTime, upto)? {
         on_timer(t, TimeDomain::ProcessingTime, ctx, &mut c)?;
     }
     Ok(())

@@ -335,6 +335,13 @@ mod tests {
         finds(Planted::DrainedSourceReadsOn, &Mode::ALL, 2_000);
     }
 
+    /// Copy-on-write snapshots: a snapshot that reads the counts when it is uploaded rather
+    /// than as they were at its barrier holds records read after the barrier.
+    #[test]
+    fn finds_a_snapshot_that_reads_state_written_after_its_barrier() {
+        finds(Planted::SnapshotReadsLive, &Mode::ALL, 2_000);
+    }
+
     /// Incremental disk state: a completion that deletes the shared files a newer checkpoint in
     /// flight just uploaded leaves that checkpoint referencing deleted files.
     #[test]

@@ -45,6 +45,7 @@ use crate::runtime::restart::RestartTracker;
 use crate::runtime::task::JobEvent;
 use crate::runtime::watermark::{WatermarkOutput, WatermarkValve};
 use crate::runtime::SavepointKind;
+use crate::state::cow::{CowMap, Frozen};
 use crate::state::Timers;
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, shared_dir};
 use crate::storage::{CheckpointStorage, MemoryStorage};
@@ -137,6 +138,9 @@ pub(crate) enum Planted {
     /// snapshot taken since uploaded the same file again (the first version of the RocksDB
     /// backend; the simulation found it with concurrent checkpoints).
     ReusesConfirmedOverNewerUploads,
+    /// A counter's snapshot reads its counts when it is uploaded, not as they were at the
+    /// barrier (copy-on-write that lets later writes into the snapshot).
+    SnapshotReadsLive,
 }
 
 /// Event time of the records: a record's time is its position in its source; windows are this
@@ -188,6 +192,9 @@ pub(crate) enum State {
 #[derive(Debug, Clone)]
 pub(crate) struct Snap {
     state: State,
+    /// A counter's counts as the heap backend snapshots them: frozen at the barrier
+    /// (copy-on-write), read into `state` only when the snapshot is uploaded.
+    frozen: Option<Frozen<u64, u64>>,
     /// In-flight batches per input channel (unaligned), serialized.
     channels: Vec<(usize, Vec<Vec<u8>>)>,
     /// A counter's disk state (the RocksDB backend, incremental): its live files, each with
@@ -230,7 +237,8 @@ enum Body {
         announce: bool,
     },
     Counter {
-        counts: BTreeMap<u64, u64>,
+        /// Copy-on-write, as the heap backend's tables.
+        counts: CowMap<u64, u64>,
         /// Records per key and window not yet fired.
         windows: BTreeMap<(u64, u64), u64>,
         /// One timer per key and window end (the real timer queue).
@@ -890,8 +898,12 @@ impl World {
                     timers.event.register(&k, time);
                 }
             }
+            let mut live = CowMap::default();
+            for (k, n) in counts {
+                live.put(&k, n);
+            }
             Body::Counter {
-                counts,
+                counts: live,
                 windows,
                 timers,
                 valve: WatermarkValve::new(self.inputs[t].len()),
@@ -1243,15 +1255,13 @@ impl World {
         match &mut self.tasks[task].body {
             Body::Source { pos, drained, .. } => State::Source(*pos, *drained),
             Body::Counter {
-                counts,
-                windows,
-                timers,
-                ..
+                windows, timers, ..
             } => {
                 // Sorted: the real queue is a hash set, the simulation must replay exactly.
                 let mut timers = timers.event.entries();
                 timers.sort_unstable();
-                State::Counter(counts.clone(), windows.clone(), timers)
+                // The counts are frozen (`Snap::frozen`) and read at the upload.
+                State::Counter(BTreeMap::new(), windows.clone(), timers)
             }
             Body::Sink {
                 current,
@@ -1287,7 +1297,12 @@ impl World {
                     "aligned snapshots"
                 });
                 let disk = self.disk_snapshot(task, barrier.id, barrier.savepoint);
+                let frozen = match &mut self.tasks[task].body {
+                    Body::Counter { counts, .. } => Some(counts.freeze()),
+                    _ => None,
+                };
                 let snap = Snap {
+                    frozen,
                     state: self.state_of(task, barrier.id),
                     channels: Vec::new(),
                     disk,
@@ -1424,6 +1439,28 @@ impl World {
         }
     }
 
+    /// The asynchronous part of a counter's snapshot: reads its frozen counts into its state.
+    fn read_frozen(&mut self, task: usize, snap: &mut Snap) {
+        let Some(frozen) = snap.frozen.take() else {
+            return;
+        };
+        let mut counts = BTreeMap::new();
+        let live_now = match &self.tasks[task].body {
+            Body::Counter { counts: live, .. }
+                if self.cfg.planted == Some(Planted::SnapshotReadsLive) =>
+            {
+                Some(live.copy_view())
+            }
+            _ => None,
+        };
+        live_now.as_ref().unwrap_or(&frozen).for_each(|k, n| {
+            counts.insert(*k, *n);
+        });
+        if let State::Counter(c, ..) = &mut snap.state {
+            *c = counts;
+        }
+    }
+
     /// The operator of `task` processes a batch of records.
     fn apply(&mut self, task: usize, batch: Box<dyn Any + Send>) {
         if is_counter(task) {
@@ -1440,11 +1477,17 @@ impl World {
             else {
                 return;
             };
+            // As the heap backend's table at an access: folded back once no snapshot reads it.
+            if counts.is_frozen() {
+                for &(k, _) in records.iter() {
+                    counts.settle_for(&k);
+                }
+            }
             let mut late = None;
             let out: Vec<(u64, u64)> = records
                 .iter()
                 .map(|&(k, ts)| {
-                    let c = counts.entry(k).or_insert(0);
+                    let c = counts.get_or_insert_with(&k, || 0);
                     *c += 1;
                     if ts as i64 <= valve.current() {
                         late = Some((k, ts, valve.current()));
@@ -1759,7 +1802,8 @@ impl World {
                 }
             }
             Choice::Upload => {
-                if let Some((attempt, task, id, snap)) = self.uploads.pop_front() {
+                if let Some((attempt, task, id, mut snap)) = self.uploads.pop_front() {
+                    self.read_frozen(task, &mut snap);
                     let path = format!("{}/task-{task}", checkpoint_dir(JOB, id));
                     for (_, shared, new) in &snap.disk {
                         if *new {

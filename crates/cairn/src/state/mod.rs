@@ -6,6 +6,8 @@
 //! the tables and whose asynchronous part ([`OperatorSnapshot::finish`]) serializes them per key
 //! group, off the task thread.
 
+pub(crate) mod cow;
+mod disk_timers;
 pub mod keygroup;
 
 pub mod operator;
@@ -27,24 +29,30 @@ use serde::{Deserialize, Serialize};
 use crate::error::{TaskError, TaskResult};
 use keygroup::{key_group_of_hash, stable_hash, KeyGroupRange, StableKey};
 
+use cow::{CowMap, Frozen};
+use disk_timers::DiskTimerQueue;
 pub use operator::{OperatorListState, OperatorStateStore};
 use rocks::{DeferredDisk, DiskOutput, RocksInstance};
 pub use rocks::{DiskStateData, RocksDbSettings, UploadTarget};
 pub use timers::{TimeDomain, Timers};
 pub use ttl::{StateTtlConfig, TtlUpdate, TtlVisibility};
-use ttl::{Ttl, SERDE_POSTCARD_TTL};
+use ttl::{Ttl, TtlList, SERDE_POSTCARD_TTL};
 
 /// A type usable as a key of keyed state. Its key group comes from its [`StableKey`] encoding;
-/// `Hash` and `Eq` serve the in-memory tables only.
+/// `Hash` and `Eq` serve the in-memory tables only. `Sync`: a copy-on-write snapshot shares
+/// the frozen entries with the thread that serializes them.
 pub trait Key:
-    StableKey + Hash + Eq + Clone + Serialize + DeserializeOwned + Send + 'static
+    StableKey + Hash + Eq + Clone + Serialize + DeserializeOwned + Send + Sync + 'static
 {
 }
-impl<T: StableKey + Hash + Eq + Clone + Serialize + DeserializeOwned + Send + 'static> Key for T {}
+impl<T: StableKey + Hash + Eq + Clone + Serialize + DeserializeOwned + Send + Sync + 'static> Key
+    for T
+{
+}
 
-/// A type storable in state.
-pub trait StateValue: Clone + Serialize + DeserializeOwned + Send + 'static {}
-impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> StateValue for T {}
+/// A type storable in state (`Sync`: see [`Key`]).
+pub trait StateValue: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {}
+impl<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static> StateValue for T {}
 
 /// The kind of a registered state. A restore refuses a state registered as another kind than
 /// the one it was written as.
@@ -386,13 +394,16 @@ trait ErasedTable<K>: Send {
 }
 
 /// Keeps what has not expired of an entry at `now`; false: the entry goes.
-type Prune<S> = Box<dyn Fn(&mut S, i64) -> bool + Send>;
+type Prune<S> = Arc<dyn Fn(&mut S, i64) -> bool + Send + Sync>;
+/// Whether anything of an entry has expired at `now`.
+type Stale<S> = Arc<dyn Fn(&S, i64) -> bool + Send + Sync>;
 
 /// What a state with time-to-live adds to its table: dropping expired entries (cleanup in
 /// snapshots), and on disk the time an entry was last accessed (the newest of a map's),
 /// stored in front of its value so that RocksDB's compaction drops it once expired.
 struct TtlHooks<S> {
     prune: Prune<S>,
+    stale: Stale<S>,
     stamp: fn(&S) -> i64,
     ttl_ms: i64,
 }
@@ -401,7 +412,8 @@ impl<V: StateValue> TtlHooks<Ttl<V>> {
     /// The hooks of a state holding one value per key (value and reducing state).
     fn single(ttl: StateTtlConfig) -> Self {
         TtlHooks {
-            prune: Box::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now)),
+            prune: Arc::new(move |e: &mut Ttl<V>, now| !ttl.expired(e.stamp(), now)),
+            stale: Arc::new(move |e: &Ttl<V>, now| ttl.expired(e.stamp(), now)),
             stamp: Ttl::<V>::stamp,
             ttl_ms: ttl.ttl_ms(),
         }
@@ -412,7 +424,9 @@ struct Table<K, S> {
     name: String,
     kind: StateKind,
     /// Every entry (heap backend), or the cached ones (disk backend).
-    map: HashMap<K, S>,
+    map: CowMap<K, S>,
+    /// Heap backend: a snapshot freezes the table instead of copying it (copy-on-write).
+    copy_on_write: bool,
     /// A state with time-to-live: what drops its expired entries.
     ttl: Option<TtlHooks<S>>,
     /// Disk backend: the map is a write-back cache of the column family `name`.
@@ -429,6 +443,10 @@ struct DiskCache<K> {
     budget: usize,
     /// Reads change entries (time-to-live restarted by reads): every access dirties.
     dirty_on_read: bool,
+    /// List state: values appended to lists that are not cached, per key as their count and
+    /// postcard bytes; written as RocksDB merges, so an append never reads the stored list.
+    appends: hashbrown::HashMap<K, (u64, Vec<u8>)>,
+    append_bytes: usize,
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
 }
@@ -457,6 +475,10 @@ impl<K: Key, S: StateValue> Table<K, S> {
             };
             let kg = key_group_of_hash(stable_hash(key), max_parallelism);
             rocks::encode_key(&mut disk.key_buf, kg, key)?;
+            if let Some((count, values)) = disk.appends.remove(key) {
+                disk.append_bytes -= values.len();
+                rocks.merge(&self.name, &disk.key_buf, &list_bytes(count, &values))?;
+            }
             if let Some(bytes) = rocks.get(&self.name, &disk.key_buf)? {
                 let stored = match &self.ttl {
                     Some(_) => bytes.get(8..).unwrap_or_default(),
@@ -469,7 +491,7 @@ impl<K: Key, S: StateValue> Table<K, S> {
                         std::any::type_name::<S>()
                     ))
                 })?;
-                self.map.insert(key.clone(), value);
+                self.map.put(key, value);
             }
         }
         let Some(disk) = &mut self.disk else {
@@ -486,11 +508,17 @@ impl<K: Key, S: StateValue> Table<K, S> {
         let Some(disk) = &mut self.disk else {
             return Ok(());
         };
-        if disk.dirty.is_empty() {
+        if disk.dirty.is_empty() && disk.appends.is_empty() {
             return Ok(());
         }
         let cf = rocks.cf(&self.name)?;
         let mut batch = rocksdb::WriteBatch::default();
+        for (key, (n, values)) in disk.appends.drain() {
+            let kg = key_group_of_hash(stable_hash(&key), max_parallelism);
+            rocks::encode_key(&mut disk.key_buf, kg, &key)?;
+            batch.merge_cf(cf, &disk.key_buf, list_bytes(n, &values));
+        }
+        disk.append_bytes = 0;
         let (mut bytes, mut count) = (0usize, 0usize);
         for key in disk.dirty.drain() {
             let kg = key_group_of_hash(stable_hash(&key), max_parallelism);
@@ -531,13 +559,70 @@ impl<K: Key, S: StateValue> Table<K, S> {
         self.write_back(rocks, max_parallelism)?;
         let keep = self.disk.as_ref().map_or(0, |d| d.capacity / 2);
         let mut left = self.map.len();
-        self.map.retain(|_, _| {
+        self.map.retain_live(|_, _| {
             let stay = left <= keep || fastrand::bool();
             left -= usize::from(!stay);
             stay
         });
         Ok(())
     }
+}
+
+impl<K: Key, S: StateValue> Table<K, S> {
+    /// Heap state: drops the entries the snapshots found expired, if they still are at
+    /// `now()` (cleanup in snapshots, on the task thread, once the shard they are in settled).
+    fn drop_expired(&mut self, expired: Vec<K>, now: impl FnOnce() -> i64) {
+        let Some(ttl) = &self.ttl else {
+            return;
+        };
+        if expired.is_empty() {
+            return;
+        }
+        let now = now();
+        for k in expired {
+            let gone = self.map.get_mut(&k).is_some_and(|v| !(ttl.prune)(v, now));
+            if gone {
+                self.map.remove(&k);
+            }
+        }
+    }
+}
+
+/// The asynchronous part of a heap table's snapshot: its frozen view serialized per key group,
+/// `(key group, postcard bytes of Vec<(K, S)>)` ascending. A state with time-to-live leaves out
+/// what expired by `now` and reports those keys back to the table.
+fn serialize_view<K: Key, S: StateValue>(
+    view: &Frozen<K, S>,
+    name: &str,
+    max_parallelism: u32,
+    ttl: Option<(Prune<S>, Stale<S>)>,
+    now: i64,
+) -> TaskResult<Vec<(u32, Vec<u8>)>> {
+    let mut groups: BTreeMap<u32, Vec<(&K, std::borrow::Cow<'_, S>)>> = BTreeMap::new();
+    let mut expired = Vec::new();
+    view.for_each(|k, v| {
+        let value = match &ttl {
+            Some((prune, stale)) if stale(v, now) => {
+                expired.push(k.clone());
+                let mut left = v.clone();
+                if !prune(&mut left, now) {
+                    return;
+                }
+                std::borrow::Cow::Owned(left)
+            }
+            _ => std::borrow::Cow::Borrowed(v),
+        };
+        let kg = key_group_of_hash(stable_hash(k), max_parallelism);
+        groups.entry(kg).or_default().push((k, value));
+    });
+    let mut out = Vec::with_capacity(groups.len());
+    for (kg, entries) in groups {
+        let bytes = postcard::to_stdvec(&entries)
+            .map_err(|e| TaskError::msg(format!("cannot serialize keyed state '{name}': {e}")))?;
+        out.push((kg, bytes));
+    }
+    view.report_expired(expired);
+    Ok(out)
 }
 
 impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
@@ -559,48 +644,51 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
         now: i64,
         rocks: Option<&RocksInstance>,
     ) -> TaskResult<Option<DeferredTable>> {
-        let serializer = match self.ttl.as_ref().map(|t| &t.prune) {
-            Some(prune) => {
-                // Cleanup in snapshots: expired entries are neither kept nor persisted.
-                let disk = &mut self.disk;
-                self.map.retain(|k, v| {
-                    let keep = prune(v, now);
-                    if let (false, Some(d)) = (keep, disk.as_mut()) {
-                        d.dirty.insert(k.clone());
-                    }
-                    keep
-                });
-                SerializerId::postcard_ttl::<S>()
-            }
+        let serializer = match &self.ttl {
+            Some(_) => SerializerId::postcard_ttl::<S>(),
             None => SerializerId::postcard::<S>(),
         };
         if self.disk.is_some() {
+            // Cleanup in snapshots: expired cached entries are dropped (and deleted on disk).
+            if let (Some(ttl), Some(disk)) = (&self.ttl, &mut self.disk) {
+                self.map.retain_live(|k, v| {
+                    let keep = (ttl.prune)(v, now);
+                    if !keep {
+                        disk.dirty.insert(k.clone());
+                    }
+                    keep
+                });
+            }
             let rocks = rocks.ok_or_else(|| TaskError::msg("the RocksDB instance is not open"))?;
             self.write_back(rocks, max_parallelism)?;
             return Ok(None);
         }
-        // Synchronous part: a copy, so that the task keeps mutating its tables meanwhile.
-        let copy = self.map.clone();
+        let view = if self.copy_on_write {
+            // Synchronous part: the table is frozen, not copied; the task copies what it
+            // changes while the asynchronous part reads the frozen view.
+            let expired = self.map.settle_all();
+            self.drop_expired(expired, || now);
+            self.map.freeze()
+        } else {
+            // Without copy-on-write: expired entries leave the live table, then it is copied.
+            if let Some(ttl) = &self.ttl {
+                self.map.retain_live(|_, v| (ttl.prune)(v, now));
+            }
+            self.map.copy()
+        };
+        let ttl = self
+            .ttl
+            .as_ref()
+            .map(|t| (t.prune.clone(), t.stale.clone()));
         let name = self.name.clone();
         let kind = self.kind;
         Ok(Some(Box::new(move || {
-            let mut groups: BTreeMap<u32, Vec<(&K, &S)>> = BTreeMap::new();
-            for (k, v) in &copy {
-                let kg = key_group_of_hash(stable_hash(k), max_parallelism);
-                groups.entry(kg).or_default().push((k, v));
-            }
-            let mut out = Vec::with_capacity(groups.len());
-            for (kg, entries) in groups {
-                let bytes = postcard::to_stdvec(&entries).map_err(|e| {
-                    TaskError::msg(format!("cannot serialize keyed state '{name}': {e}"))
-                })?;
-                out.push((kg, bytes));
-            }
+            let groups = serialize_view(&view, &name, max_parallelism, ttl, now)?;
             Ok(KeyedTableData {
                 name,
                 kind,
                 serializer,
-                groups: out,
+                groups,
             })
         })))
     }
@@ -627,7 +715,9 @@ pub struct KeyedContext<K> {
     /// The operator's timers (system state).
     timers: Timers<K>,
     tables: Vec<Box<dyn ErasedTable<K>>>,
-    restored: StdHashMap<String, KeyedTableData>,
+    /// Restored tables not registered (yet): a snapshot carries them over unchanged, shared
+    /// with its asynchronous part rather than copied.
+    restored: StdHashMap<String, Arc<KeyedTableData>>,
     range: KeyGroupRange,
     max_parallelism: u32,
     subtask: u32,
@@ -637,6 +727,11 @@ pub struct KeyedContext<K> {
     ttl_clock: Option<i64>,
     /// The disk state backend (RocksDB), when keyed state lives there.
     rocks: Option<RocksInstance>,
+    /// Heap backend: snapshots freeze the tables (copy-on-write) rather than copy them.
+    copy_on_write: bool,
+    /// RocksDB backend: the timers (event time, processing time) in column families; the
+    /// heap's `timers` stay empty then.
+    disk_timers: Option<Box<[DiskTimerQueue; 2]>>,
 }
 
 impl<K: Key> KeyedContext<K> {
@@ -666,7 +761,10 @@ impl<K: Key> KeyedContext<K> {
             watermark: i64::MIN,
             timers,
             tables: Vec::new(),
-            restored,
+            restored: restored
+                .into_iter()
+                .map(|(n, t)| (n, Arc::new(t)))
+                .collect(),
             range,
             max_parallelism,
             subtask,
@@ -674,6 +772,8 @@ impl<K: Key> KeyedContext<K> {
             timer_error,
             ttl_clock: None,
             rocks: None,
+            copy_on_write: true,
+            disk_timers: None,
         }
     }
 
@@ -694,7 +794,52 @@ impl<K: Key> KeyedContext<K> {
             Ok(r) => ctx.rocks = Some(r),
             Err(e) => ctx.timer_error = Some(e),
         }
+        if let Err(e) = ctx.open_disk_timers() {
+            ctx.timer_error = Some(e);
+        }
         ctx
+    }
+
+    /// RocksDB backend: opens the timers' column families (restored with the instance) and
+    /// moves the timers restored in the backend-independent format into them.
+    fn open_disk_timers(&mut self) -> TaskResult {
+        let Some(rocks) = &mut self.rocks else {
+            return Ok(());
+        };
+        let mut queues = Vec::with_capacity(2);
+        for name in [timers::EVENT_TIMERS, timers::PROCESSING_TIMERS] {
+            if let Some(was) = rocks.states.get(name) {
+                check_restorable(name, &was.serializer, was.kind, StateKind::Timers)?;
+            }
+            rocks.ensure_cf(&StateDescriptor {
+                name: name.to_string(),
+                kind: StateKind::Timers,
+                serializer: SerializerId::postcard::<(K, i64)>(),
+            })?;
+            queues.push(DiskTimerQueue::open(name, rocks, self.range)?);
+        }
+        let processing = queues.pop().expect("two queues");
+        let event = queues.pop().expect("two queues");
+        let mut disk = Box::new([event, processing]);
+        for (i, domain) in [TimeDomain::EventTime, TimeDomain::ProcessingTime]
+            .into_iter()
+            .enumerate()
+        {
+            for (t, k) in self.timers.queue(domain).drain_all() {
+                let kg = key_group_of_hash(stable_hash(&k), self.max_parallelism) as u16;
+                disk[i].register(rocks, kg, &k, t)?;
+            }
+        }
+        self.disk_timers = Some(disk);
+        Ok(())
+    }
+
+    /// Heap backend: whether a snapshot's synchronous part freezes the tables in O(1) and
+    /// copies entries only as they change (`true`, the default), or copies every table
+    /// (`state.backend.heap.copy-on-write: false`). Applies to the states registered after.
+    pub fn with_copy_on_write(mut self, on: bool) -> Self {
+        self.copy_on_write = on;
+        self
     }
 
     /// This backend fails [`check_restored`](Self::check_restored) with `error`.
@@ -767,8 +912,30 @@ impl<K: Key> KeyedContext<K> {
     /// Registers an event-time timer for the current key at `time`: `on_timer` runs once the
     /// watermark reaches it. Registering the same (key, time) twice fires once.
     pub fn register_event_time_timer(&mut self, time: i64) -> TaskResult {
-        let key = self.key()?.clone();
-        self.timers.event.register(&key, time);
+        self.change_timer(TimeDomain::EventTime, time, true)
+    }
+
+    /// Registers (`add`) or deletes the current key's timer at `time` in `domain`.
+    fn change_timer(&mut self, domain: TimeDomain, time: i64, add: bool) -> TaskResult {
+        let key = self
+            .current
+            .as_ref()
+            .ok_or_else(|| TaskError::msg("timers used outside of a keyed record"))?;
+        if let (Some(rocks), Some(disk)) = (&self.rocks, &mut self.disk_timers) {
+            let kg = key_group_of_hash(stable_hash(key), self.max_parallelism) as u16;
+            let q = &mut disk[domain_index(domain)];
+            return if add {
+                q.register(rocks, kg, key, time)
+            } else {
+                q.delete(rocks, kg, key, time)
+            };
+        }
+        let q = self.timers.queue(domain);
+        if add {
+            q.register(key, time);
+        } else {
+            q.delete(key, time);
+        }
         Ok(())
     }
 
@@ -776,48 +943,67 @@ impl<K: Key> KeyedContext<K> {
     /// `on_timer` runs once the wall clock has passed it, or when a bounded input ends (the
     /// maximum watermark), whichever comes first.
     pub fn register_processing_time_timer(&mut self, time: i64) -> TaskResult {
-        let key = self.key()?.clone();
-        self.timers.processing.register(&key, time);
-        Ok(())
+        self.change_timer(TimeDomain::ProcessingTime, time, true)
     }
 
     /// Deletes the current key's event-time timer at `time`, if any.
     pub fn delete_event_time_timer(&mut self, time: i64) -> TaskResult {
-        let key = self.key()?.clone();
-        self.timers.event.delete(&key, time);
-        Ok(())
+        self.change_timer(TimeDomain::EventTime, time, false)
     }
 
     /// Deletes the current key's processing-time timer at `time`, if any.
     pub fn delete_processing_time_timer(&mut self, time: i64) -> TaskResult {
-        let key = self.key()?.clone();
-        self.timers.processing.delete(&key, time);
-        Ok(())
+        self.change_timer(TimeDomain::ProcessingTime, time, false)
     }
 
     /// The earliest processing-time timer.
     pub fn next_processing_timer(&self) -> Option<i64> {
-        self.timers.processing.peek()
+        match &self.disk_timers {
+            Some(disk) => disk[1].peek(),
+            None => self.timers.processing.peek(),
+        }
     }
 
-    /// The operator's timers (the runtime fires them).
-    pub fn timers(&mut self) -> &mut Timers<K> {
+    /// Whether a processing-time timer is pending.
+    pub fn has_processing_timers(&self) -> bool {
+        match &self.disk_timers {
+            Some(disk) => !disk[1].is_empty(),
+            None => !self.timers.processing.is_empty(),
+        }
+    }
+
+    /// The operator's timers on the heap (the RocksDB backend keeps them on disk; tests).
+    #[cfg(test)]
+    pub(crate) fn timers(&mut self) -> &mut Timers<K> {
         &mut self.timers
     }
 
     /// Fires the next timer of `domain` due at `upto`: sets its key as the current one and
     /// returns its time.
-    pub fn next_due_timer(&mut self, domain: TimeDomain, upto: i64) -> Option<i64> {
-        let (t, k) = self.timers.queue(domain).pop_due(upto)?;
+    pub fn next_due_timer(&mut self, domain: TimeDomain, upto: i64) -> TaskResult<Option<i64>> {
+        let due = match (&self.rocks, &mut self.disk_timers) {
+            (Some(rocks), Some(disk)) => disk[domain_index(domain)].pop_due(rocks, upto)?,
+            _ => self.timers.queue(domain).pop_due(upto),
+        };
+        let Some((t, k)) = due else {
+            return Ok(None);
+        };
         self.current = Some(k);
         self.timestamp = Some(t);
-        Some(t)
+        Ok(Some(t))
     }
 
-    fn key(&self) -> TaskResult<&K> {
-        self.current
-            .as_ref()
-            .ok_or_else(|| TaskError::msg("timers used outside of a keyed record"))
+    /// Takes every pending processing-time timer, earliest first (end of input fires them
+    /// all, and only them).
+    pub fn drain_processing_timers(&mut self) -> TaskResult<Vec<(i64, K)>> {
+        let (Some(rocks), Some(disk)) = (&self.rocks, &mut self.disk_timers) else {
+            return Ok(self.timers.processing.drain_all());
+        };
+        let mut all = Vec::new();
+        while let Some(timer) = disk[1].pop_due(rocks, i64::MAX)? {
+            all.push(timer);
+        }
+        Ok(all)
     }
 
     /// The key of the record being processed.
@@ -869,7 +1055,7 @@ impl<K: Key> KeyedContext<K> {
                 "state '{name}' is already registered with another kind or type"
             )));
         }
-        let mut map: HashMap<K, S> = HashMap::new();
+        let mut map: CowMap<K, S> = CowMap::default();
         let serializer = match ttl {
             Some(_) => SerializerId::postcard_ttl::<S>(),
             None => SerializerId::postcard::<S>(),
@@ -880,6 +1066,7 @@ impl<K: Key> KeyedContext<K> {
         }
         let mut restored_entries: Vec<(K, S)> = Vec::new();
         if let Some(table) = self.restored.remove(name) {
+            let table = Arc::try_unwrap(table).unwrap_or_else(|t| (*t).clone());
             check_restorable(name, &table.serializer, table.kind, kind)?;
             check_ttl_unchanged(name, &table.serializer, ttl.is_some())?;
             let was = table.serializer.type_name;
@@ -898,7 +1085,9 @@ impl<K: Key> KeyedContext<K> {
         }
         let disk = match &mut self.rocks {
             None => {
-                map.extend(restored_entries);
+                for (k, v) in restored_entries {
+                    map.put(&k, v);
+                }
                 None
             }
             Some(rocks) => {
@@ -915,6 +1104,8 @@ impl<K: Key> KeyedContext<K> {
                     capacity: usize::MAX,
                     budget: usize::MAX,
                     dirty_on_read: ttl.is_some(),
+                    appends: hashbrown::HashMap::new(),
+                    append_bytes: 0,
                     key_buf: Vec::with_capacity(64),
                     value_buf: Vec::with_capacity(64),
                 })
@@ -924,6 +1115,7 @@ impl<K: Key> KeyedContext<K> {
             name: name.to_string(),
             kind,
             map,
+            copy_on_write: self.copy_on_write,
             ttl,
             disk,
         }));
@@ -944,7 +1136,7 @@ impl<K: Key> KeyedContext<K> {
         &mut self,
         idx: usize,
         write: bool,
-    ) -> TaskResult<(&mut HashMap<K, S>, &K)> {
+    ) -> TaskResult<(&mut CowMap<K, S>, &K)> {
         let key = self
             .current
             .as_ref()
@@ -956,11 +1148,17 @@ impl<K: Key> KeyedContext<K> {
             .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))?;
         if table.disk.is_some() {
             table.load(key, write, self.rocks.as_ref(), self.max_parallelism)?;
+        } else if table.map.is_frozen() {
+            let expired = table.map.settle_for(key);
+            let clock = self.ttl_clock;
+            table.drop_expired(expired, || {
+                clock.unwrap_or_else(|| crate::checkpoint::now_ms() as i64)
+            });
         }
         Ok((&mut table.map, key))
     }
 
-    fn table_and_key<S: StateValue>(&mut self, idx: usize) -> TaskResult<(&mut HashMap<K, S>, &K)> {
+    fn table_and_key<S: StateValue>(&mut self, idx: usize) -> TaskResult<(&mut CowMap<K, S>, &K)> {
         self.slot(idx, true)
     }
 
@@ -969,14 +1167,59 @@ impl<K: Key> KeyedContext<K> {
         Ok(map.get(key))
     }
 
+    /// The current key's entry, for a read that changes it when `write` (time-to-live
+    /// restarted by reads): then it is copied out of a frozen snapshot first.
+    fn get_for<S: StateValue>(&mut self, idx: usize, write: bool) -> TaskResult<Option<&S>> {
+        if !write {
+            return self.get(idx);
+        }
+        let (map, key) = self.slot::<S>(idx, true)?;
+        Ok(map.get_mut(key).map(|v| &*v))
+    }
+
     fn put<S: StateValue>(&mut self, idx: usize, value: S) -> TaskResult {
         let (map, key) = self.table_and_key::<S>(idx)?;
-        match map.get_mut(key) {
-            Some(slot) => *slot = value,
-            None => {
-                map.insert(key.clone(), value);
+        map.put(key, value);
+        Ok(())
+    }
+
+    /// Appends `value` to the current key's list (a list state without time-to-live). On
+    /// disk, a list that is not cached is not read: the value waits to be merged into it.
+    fn append<V: StateValue>(&mut self, idx: usize, value: V) -> TaskResult {
+        let key = self
+            .current
+            .as_ref()
+            .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
+        let table = self
+            .tables
+            .get_mut(idx)
+            .and_then(|t| t.as_any_mut().downcast_mut::<Table<K, Vec<V>>>())
+            .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))?;
+        if let (Some(disk), Some(rocks)) = (&mut table.disk, &self.rocks) {
+            if !table.map.contains_key(key) && !disk.dirty.contains(key) {
+                if !disk.appends.contains_key(key) {
+                    disk.appends.insert(key.clone(), (0, Vec::new()));
+                }
+                let (n, values) = disk
+                    .appends
+                    .get_mut(key)
+                    .ok_or_else(|| TaskError::msg("list append vanished"))?;
+                let before = values.len();
+                *values = postcard::to_extend(&value, std::mem::take(values)).map_err(|e| {
+                    TaskError::msg(format!(
+                        "cannot serialize keyed state '{}': {e}",
+                        table.name
+                    ))
+                })?;
+                *n += 1;
+                disk.append_bytes += values.len() - before;
+                if disk.append_bytes > disk.budget / 2 {
+                    table.write_back(rocks, self.max_parallelism)?;
+                }
+                return Ok(());
             }
         }
+        self.get_or_insert::<Vec<V>>(idx, Vec::new)?.push(value);
         Ok(())
     }
 
@@ -986,11 +1229,7 @@ impl<K: Key> KeyedContext<K> {
         default: impl FnOnce() -> S,
     ) -> TaskResult<&mut S> {
         let (map, key) = self.table_and_key::<S>(idx)?;
-        if !map.contains_key(key) {
-            map.insert(key.clone(), default());
-        }
-        map.get_mut(key)
-            .ok_or_else(|| TaskError::msg("keyed state entry vanished"))
+        Ok(map.get_or_insert_with(key, default))
     }
 
     fn remove<S: StateValue>(&mut self, idx: usize) -> TaskResult {
@@ -1030,9 +1269,12 @@ impl<K: Key> KeyedContext<K> {
         ttl: StateTtlConfig,
     ) -> TaskResult<MapState<UK, UV>> {
         let hooks = TtlHooks {
-            prune: Box::new(move |m: &mut HashMap<UK, Ttl<UV>>, now| {
+            prune: Arc::new(move |m: &mut HashMap<UK, Ttl<UV>>, now| {
                 m.retain(|_, e| !ttl.expired(e.stamp(), now));
                 !m.is_empty()
+            }),
+            stale: Arc::new(move |m: &HashMap<UK, Ttl<UV>>, now| {
+                m.values().any(|e| ttl.expired(e.stamp(), now))
             }),
             stamp: |m: &HashMap<UK, Ttl<UV>>| m.values().map(Ttl::stamp).max().unwrap_or(0),
             ttl_ms: ttl.ttl_ms(),
@@ -1064,6 +1306,27 @@ impl<K: Key> KeyedContext<K> {
     pub fn list_state<V: StateValue>(&mut self, name: &str) -> TaskResult<ListState<V>> {
         Ok(ListState {
             idx: self.register::<Vec<V>>(name, StateKind::List)?,
+            ttl: None,
+            _v: PhantomData,
+        })
+    }
+
+    /// Registers (or looks up) a [`ListState`] named `name` whose elements (each on its own)
+    /// expire as `ttl` says.
+    pub fn list_state_with_ttl<V: StateValue>(
+        &mut self,
+        name: &str,
+        ttl: StateTtlConfig,
+    ) -> TaskResult<ListState<V>> {
+        let hooks = TtlHooks {
+            prune: Arc::new(move |l: &mut TtlList<V>, now| l.prune(&ttl, now)),
+            stale: Arc::new(move |l: &TtlList<V>, now| l.any_expired(&ttl, now)),
+            stamp: TtlList::<V>::stamp,
+            ttl_ms: ttl.ttl_ms(),
+        };
+        Ok(ListState {
+            idx: self.register_with::<TtlList<V>>(name, StateKind::List, Some(hooks))?,
+            ttl: Some(ttl),
             _v: PhantomData,
         })
     }
@@ -1117,16 +1380,26 @@ impl<K: Key> KeyedContext<K> {
         if let Some(rocks) = &mut self.rocks {
             snap.disk = Some(rocks.checkpoint(checkpoint_id, canonical)?);
         }
-        for q in [&self.timers.event, &self.timers.processing] {
-            if let Some(t) = q.snapshot(self.max_parallelism) {
+        for q in [&mut self.timers.event, &mut self.timers.processing] {
+            if let Some(t) = q.snapshot(self.max_parallelism, self.copy_on_write) {
                 snap.keyed.push(t);
             }
         }
         for table in self.restored.values() {
-            let data = table.clone();
-            snap.keyed.push(Box::new(move || Ok(data)));
+            let data = Arc::clone(table);
+            snap.keyed.push(Box::new(move || {
+                Ok(Arc::try_unwrap(data).unwrap_or_else(|t| (*t).clone()))
+            }));
         }
         Ok(snap)
+    }
+}
+
+/// The index of a clock's timers in [`KeyedContext::disk_timers`].
+fn domain_index(domain: TimeDomain) -> usize {
+    match domain {
+        TimeDomain::EventTime => 0,
+        TimeDomain::ProcessingTime => 1,
     }
 }
 
@@ -1162,6 +1435,15 @@ fn write_entries<K: Key, S: StateValue>(
         }
     }
     rocks.write(batch)
+}
+
+/// A list's stored bytes from its elements' postcard bytes: postcard's `Vec<V>`, the count
+/// and then the elements (what RocksDB's list merge operator concatenates).
+fn list_bytes(count: u64, values: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() + 10);
+    out = postcard::to_extend(&count, out).unwrap_or_default();
+    out.extend_from_slice(values);
+    out
 }
 
 /// A restored state written with time-to-live must be registered with it, and the other way
@@ -1234,7 +1516,9 @@ impl<V: StateValue> ValueState<V> {
             None => ctx.get::<V>(self.idx),
             Some(ttl) => {
                 let now = ctx.ttl_now();
-                Ok(ctx.get::<Ttl<V>>(self.idx)?.and_then(|e| ttl.read(e, now)))
+                Ok(ctx
+                    .get_for::<Ttl<V>>(self.idx, ttl.refreshes_on_read())?
+                    .and_then(|e| ttl.read(e, now)))
             }
         }
     }
@@ -1280,11 +1564,9 @@ fn ttl_entry<'a, K: Key, V: StateValue>(
     let now = ctx.ttl_now();
     let (map, key) = ctx.table_and_key::<Ttl<V>>(idx)?;
     if !map.contains_key(key) {
-        map.insert(key.clone(), Ttl::new(default(), now));
-        return map
-            .get_mut(key)
-            .map(|e| &mut e.value)
-            .ok_or_else(|| TaskError::msg("keyed state entry vanished"));
+        return Ok(&mut map
+            .get_or_insert_with(key, || Ttl::new(default(), now))
+            .value);
     }
     let e = map
         .get_mut(key)
@@ -1299,6 +1581,8 @@ fn ttl_entry<'a, K: Key, V: StateValue>(
 /// A list of values per key.
 pub struct ListState<V> {
     idx: usize,
+    /// Stored as a [`TtlList`], each element expiring on its own.
+    ttl: Option<StateTtlConfig>,
     _v: PhantomData<fn() -> V>,
 }
 
@@ -1306,6 +1590,7 @@ impl<V> Clone for ListState<V> {
     fn clone(&self) -> Self {
         ListState {
             idx: self.idx,
+            ttl: self.ttl,
             _v: PhantomData,
         }
     }
@@ -1332,25 +1617,53 @@ impl<V> Clone for ReducingState<V> {
 }
 
 impl<V: StateValue> ListState<V> {
-    /// The current key's list (empty if none).
+    /// The current key's list (empty if none). With time-to-live: the elements not expired
+    /// (a read drops the expired ones, as Flink's cleanup on read does).
     pub fn get<'a, K: Key>(&self, ctx: &'a mut KeyedContext<K>) -> TaskResult<&'a [V]> {
-        Ok(ctx
-            .get::<Vec<V>>(self.idx)?
-            .map(|v| v.as_slice())
-            .unwrap_or(&[]))
+        let Some(ttl) = &self.ttl else {
+            return Ok(ctx
+                .get::<Vec<V>>(self.idx)?
+                .map(|v| v.as_slice())
+                .unwrap_or(&[]));
+        };
+        let now = ctx.ttl_now();
+        let (map, key) = ctx.table_and_key::<TtlList<V>>(self.idx)?;
+        let emptied = match map.get_mut(key) {
+            Some(list) => {
+                list.read(ttl, now);
+                list.values.is_empty()
+            }
+            None => false,
+        };
+        if emptied {
+            map.remove(key);
+        }
+        Ok(map.get(key).map(|l| l.values.as_slice()).unwrap_or(&[]))
     }
     /// Appends to the current key's list.
     pub fn add<K: Key>(&self, ctx: &mut KeyedContext<K>, value: V) -> TaskResult {
-        ctx.get_or_insert::<Vec<V>>(self.idx, Vec::new)?.push(value);
-        Ok(())
+        if self.ttl.is_some() {
+            let now = ctx.ttl_now();
+            ctx.get_or_insert::<TtlList<V>>(self.idx, TtlList::default)?
+                .push(value, now);
+            return Ok(());
+        }
+        ctx.append(self.idx, value)
     }
     /// Replaces the current key's list.
     pub fn update<K: Key>(&self, ctx: &mut KeyedContext<K>, values: Vec<V>) -> TaskResult {
+        if self.ttl.is_some() {
+            let now = ctx.ttl_now();
+            return ctx.put(self.idx, TtlList::new(values, now));
+        }
         ctx.put(self.idx, values)
     }
     /// Removes the current key's list.
     pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
-        ctx.remove::<Vec<V>>(self.idx)
+        match self.ttl {
+            None => ctx.remove::<Vec<V>>(self.idx),
+            Some(_) => ctx.remove::<TtlList<V>>(self.idx),
+        }
     }
 }
 
@@ -1376,7 +1689,7 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
             Some(ttl) => {
                 let now = ctx.ttl_now();
                 Ok(ctx
-                    .get::<HashMap<UK, Ttl<UV>>>(self.idx)?
+                    .get_for::<HashMap<UK, Ttl<UV>>>(self.idx, ttl.refreshes_on_read())?
                     .and_then(|m| m.get(user_key))
                     .and_then(|e| ttl.read(e, now)))
             }
@@ -1428,7 +1741,7 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
             Some(ttl) => {
                 let now = ctx.ttl_now();
                 Ok(ctx
-                    .get::<HashMap<UK, Ttl<UV>>>(self.idx)?
+                    .get_for::<HashMap<UK, Ttl<UV>>>(self.idx, ttl.refreshes_on_read())?
                     .map(|m| {
                         m.iter()
                             .filter_map(|(k, e)| ttl.read(e, now).map(|v| (k, v)))
@@ -1464,7 +1777,9 @@ impl<V: StateValue> ReducingState<V> {
             None => ctx.get::<V>(self.idx),
             Some(ttl) => {
                 let now = ctx.ttl_now();
-                Ok(ctx.get::<Ttl<V>>(self.idx)?.and_then(|e| ttl.read(e, now)))
+                Ok(ctx
+                    .get_for::<Ttl<V>>(self.idx, ttl.refreshes_on_read())?
+                    .and_then(|e| ttl.read(e, now)))
             }
         }
     }
@@ -1488,7 +1803,7 @@ impl<V: StateValue> ReducingState<V> {
                 Ok(slot.clone())
             }
             None => {
-                map.insert(key.clone(), value.clone());
+                map.put(key, value.clone());
                 Ok(value)
             }
         }
@@ -1669,6 +1984,238 @@ mod tests {
         assert_eq!(v.value(&mut again).unwrap(), Some(&7));
     }
 
+    /// The whole state of a context as a model: value, list, map and reducing state and the
+    /// event-time timers, per key.
+    type Model = BTreeMap<
+        u32,
+        (
+            Option<u64>,
+            Vec<u64>,
+            BTreeMap<u8, u64>,
+            Option<u64>,
+            Vec<i64>,
+        ),
+    >;
+
+    /// What a finished snapshot holds, read back through a restored context.
+    fn read_back(data: StdHashMap<String, KeyedTableData>, keys: u32) -> Model {
+        let mut ctx: KeyedContext<u32> = KeyedContext::new(0, 1, 128, data);
+        let (v, l, m, r) = handles(&mut ctx);
+        let mut timers: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
+        while let Some((t, k)) = ctx.timers().event.pop_due(i64::MAX) {
+            timers.entry(k).or_default().push(t);
+        }
+        let mut out = Model::new();
+        for k in 0..keys {
+            ctx.set_current_key(k);
+            let mut ts = timers.remove(&k).unwrap_or_default();
+            ts.sort_unstable();
+            let e = (
+                v.value(&mut ctx).unwrap().copied(),
+                l.get(&mut ctx).unwrap().to_vec(),
+                m.entries(&mut ctx)
+                    .unwrap()
+                    .into_iter()
+                    .map(|(a, b)| (*a, *b))
+                    .collect(),
+                r.get(&mut ctx).unwrap().copied(),
+                ts,
+            );
+            if e != Default::default() {
+                out.insert(k, e);
+            }
+        }
+        out
+    }
+
+    type Handles = (
+        ValueState<u64>,
+        ListState<u64>,
+        MapState<u8, u64>,
+        ReducingState<u64>,
+    );
+
+    fn handles(ctx: &mut KeyedContext<u32>) -> Handles {
+        (
+            ctx.value_state("v").unwrap(),
+            ctx.list_state("l").unwrap(),
+            ctx.map_state("m").unwrap(),
+            ctx.reducing_state("r", |a, b| a + b).unwrap(),
+        )
+    }
+
+    /// Random writes interleaved with snapshots that overlap (up to four in flight), finished
+    /// in random order or dropped: every finished snapshot holds exactly the state at its
+    /// synchronous part, and the live state is never disturbed by one.
+    #[test]
+    fn copy_on_write_snapshots_hold_the_state_at_their_synchronous_part() {
+        const KEYS: u32 = 40;
+        for seed in 0..60u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut ctx: KeyedContext<u32> = KeyedContext::new(0, 1, 128, Default::default());
+            let (v, l, m, r) = handles(&mut ctx);
+            let mut model = Model::new();
+            let mut pending: Vec<(OperatorSnapshot, Model)> = Vec::new();
+            for step in 0..400u64 {
+                let k = rng.u32(0..KEYS);
+                ctx.set_current_key(k);
+                let e = model.entry(k).or_default();
+                match rng.u8(0..12) {
+                    0 => {
+                        v.update(&mut ctx, step).unwrap();
+                        e.0 = Some(step);
+                    }
+                    1 => {
+                        *v.get_mut(&mut ctx, || 0).unwrap() += 1;
+                        e.0 = Some(e.0.unwrap_or(0) + 1);
+                    }
+                    2 => {
+                        v.clear(&mut ctx).unwrap();
+                        e.0 = None;
+                    }
+                    3 => {
+                        l.add(&mut ctx, step).unwrap();
+                        e.1.push(step);
+                    }
+                    4 => {
+                        l.clear(&mut ctx).unwrap();
+                        e.1.clear();
+                    }
+                    5 => {
+                        let uk = rng.u8(0..4);
+                        m.put(&mut ctx, uk, step).unwrap();
+                        e.2.insert(uk, step);
+                    }
+                    6 => {
+                        let uk = rng.u8(0..4);
+                        m.remove(&mut ctx, &uk).unwrap();
+                        e.2.remove(&uk);
+                    }
+                    7 => {
+                        r.add(&mut ctx, step).unwrap();
+                        e.3 = Some(e.3.unwrap_or(0) + step);
+                    }
+                    8 => {
+                        let t = rng.i64(0..20);
+                        ctx.register_event_time_timer(t).unwrap();
+                        if !e.4.contains(&t) {
+                            e.4.push(t);
+                            e.4.sort_unstable();
+                        }
+                    }
+                    9 => {
+                        let t = rng.i64(0..20);
+                        ctx.delete_event_time_timer(t).unwrap();
+                        e.4.retain(|x| *x != t);
+                    }
+                    10 if pending.len() < 4 => {
+                        let snap = ctx.snapshot("op").unwrap();
+                        model.retain(|_, e| *e != Default::default());
+                        pending.push((snap, model.clone()));
+                    }
+                    _ if !pending.is_empty() => {
+                        let (snap, expect) = pending.swap_remove(rng.usize(0..pending.len()));
+                        if rng.bool() {
+                            let got = read_back(restored_from(snap), KEYS);
+                            assert_eq!(got, expect, "seed {seed}, step {step}");
+                        }
+                    }
+                    _ => {}
+                }
+                model.retain(|_, e| *e != Default::default());
+            }
+            for (snap, expect) in pending {
+                assert_eq!(read_back(restored_from(snap), KEYS), expect, "seed {seed}");
+            }
+            let live = read_back(restored_from(ctx.snapshot("op").unwrap()), KEYS);
+            assert_eq!(live, model, "seed {seed}: the live state");
+        }
+    }
+
+    /// The synchronous part moves the table instead of copying it, and only what changes
+    /// while the snapshot is in flight is copied; once it is done, the table is whole again.
+    #[test]
+    fn a_snapshot_freezes_the_table_and_copies_only_what_changes() {
+        let mut ctx: KeyedContext<u32> = KeyedContext::new(0, 1, 128, Default::default());
+        let v = ctx.value_state::<u64>("v").unwrap();
+        for k in 0..10_000 {
+            ctx.set_current_key(k);
+            v.update(&mut ctx, 1).unwrap();
+        }
+        let snap = ctx.snapshot("op").unwrap();
+        let table = ctx.tables[0]
+            .as_any()
+            .downcast_ref::<Table<u32, u64>>()
+            .unwrap();
+        assert!(table.map.is_frozen());
+        assert!(table.map.live_len() == 0, "nothing was copied");
+        for k in 0..10 {
+            ctx.set_current_key(k);
+            *v.get_mut(&mut ctx, || 0).unwrap() += 1;
+        }
+        ctx.set_current_key(20);
+        assert_eq!(
+            v.value(&mut ctx).unwrap(),
+            Some(&1),
+            "read from the frozen table"
+        );
+        let table = ctx.tables[0]
+            .as_any()
+            .downcast_ref::<Table<u32, u64>>()
+            .unwrap();
+        assert_eq!(
+            table.map.live_len(),
+            10,
+            "only the changed entries were copied"
+        );
+        assert_eq!(ctx.entries(), 10_000);
+        let data = restored_from(snap);
+        // Each shard settles at an access to one of its keys: all of them, here.
+        for k in 0..10_000 {
+            ctx.set_current_key(k);
+            assert!(v.value(&mut ctx).unwrap().is_some());
+        }
+        ctx.set_current_key(20);
+        assert_eq!(v.value(&mut ctx).unwrap(), Some(&1));
+        let table = ctx.tables[0]
+            .as_any()
+            .downcast_ref::<Table<u32, u64>>()
+            .unwrap();
+        assert!(!table.map.is_frozen(), "settled once the snapshot was done");
+        assert_eq!(table.map.live_len(), 10_000);
+        let mut back: KeyedContext<u32> = KeyedContext::new(0, 1, 128, data);
+        let v2 = back.value_state::<u64>("v").unwrap();
+        back.set_current_key(0);
+        assert_eq!(
+            v2.value(&mut back).unwrap(),
+            Some(&1),
+            "the snapshot's value"
+        );
+        ctx.set_current_key(0);
+        assert_eq!(v.value(&mut ctx).unwrap(), Some(&2), "the live value");
+    }
+
+    /// Without copy-on-write the synchronous part copies the table and leaves it live.
+    #[test]
+    fn without_copy_on_write_a_snapshot_copies_the_table() {
+        let mut ctx: KeyedContext<u32> =
+            KeyedContext::new(0, 1, 128, Default::default()).with_copy_on_write(false);
+        let v = ctx.value_state::<u64>("v").unwrap();
+        ctx.set_current_key(1);
+        v.update(&mut ctx, 1).unwrap();
+        let snap = ctx.snapshot("op").unwrap();
+        v.update(&mut ctx, 2).unwrap();
+        let table = ctx.tables[0]
+            .as_any()
+            .downcast_ref::<Table<u32, u64>>()
+            .unwrap();
+        assert!(!table.map.is_frozen());
+        let mut back: KeyedContext<u32> = KeyedContext::new(0, 1, 128, restored_from(snap));
+        let v2 = back.value_state::<u64>("v").unwrap();
+        back.set_current_key(1);
+        assert_eq!(v2.value(&mut back).unwrap(), Some(&1));
+    }
+
     fn ttl(ms: u64) -> StateTtlConfig {
         StateTtlConfig::new(std::time::Duration::from_millis(ms))
     }
@@ -1702,12 +2249,20 @@ mod tests {
         assert_eq!(v.value(&mut ctx).unwrap(), Some(&33));
 
         let snap = ctx.snapshot("op").unwrap();
+        assert_eq!(ctx.tables[0].len(), 10, "frozen, not yet cleaned up");
+        let data = restored_from(snap);
+        // An access settles its key's shard: the entries the snapshot found expired go.
+        for k in 0..10 {
+            ctx.set_current_key(k);
+            assert_eq!(v.value(&mut ctx).unwrap().is_some(), k == 3, "{k}");
+        }
         assert_eq!(
             ctx.tables[0].len(),
             1,
             "the snapshot dropped the expired entries"
         );
-        let mut again = restored_at(snap, 120);
+        let mut again: KeyedContext<u32> = KeyedContext::new(0, 1, 128, data);
+        again.set_ttl_clock(120);
         let v = again.value_state_with_ttl::<u64>("v", ttl(100)).unwrap();
         again.set_current_key(1);
         assert_eq!(v.value(&mut again).unwrap(), None, "not persisted");
@@ -1750,7 +2305,7 @@ mod tests {
             Some(&2),
             "expired, not cleaned up"
         );
-        let _ = ctx.snapshot("op").unwrap();
+        let _ = ctx.snapshot("op").unwrap().finish().unwrap();
         assert_eq!(
             shown.value(&mut ctx).unwrap(),
             None,
@@ -1788,7 +2343,8 @@ mod tests {
         assert_eq!(m.entries(&mut again).unwrap().len(), 1);
         again.set_ttl_clock(160);
         assert!(m.entries(&mut again).unwrap().is_empty());
-        let _ = again.snapshot("op").unwrap();
+        let _ = again.snapshot("op").unwrap().finish().unwrap();
+        assert!(m.entries(&mut again).unwrap().is_empty());
         assert_eq!(again.tables[0].len(), 0, "an emptied map leaves the table");
     }
 

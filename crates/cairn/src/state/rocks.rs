@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use super::keygroup::KeyGroupRange;
-use super::{KeyedTableData, StateDescriptor};
+use super::{KeyedTableData, StateDescriptor, StateKind};
 use crate::error::{TaskError, TaskResult};
 use crate::storage::format::{encode_frame, FileKind};
 use crate::storage::layout::{checkpoint_dir, shared_dir};
@@ -209,6 +209,26 @@ pub(crate) fn encode_key<K: Serialize>(
     Ok(())
 }
 
+/// RocksDB's merge of list appends (every column family has it; only list state merges): a
+/// stored list and each appended part are postcard `Vec<V>`, a varint count and then the
+/// elements; merged, the counts add up and the elements follow in order, never decoded.
+fn list_append(
+    _key: &[u8],
+    existing: Option<&[u8]>,
+    operands: &rocksdb::MergeOperands,
+) -> Option<Vec<u8>> {
+    let mut count: u64 = 0;
+    let mut elements = Vec::new();
+    for part in existing.into_iter().chain(operands) {
+        let (n, rest) = postcard::take_from_bytes::<u64>(part).ok()?;
+        count = count.checked_add(n)?;
+        elements.extend_from_slice(rest);
+    }
+    let mut out = postcard::to_stdvec(&count).ok()?;
+    out.extend_from_slice(&elements);
+    Some(out)
+}
+
 /// The key group of an encoded key.
 fn key_group_of(key: &[u8]) -> Option<u32> {
     Some(u16::from_be_bytes([*key.first()?, *key.get(1)?]) as u32)
@@ -305,6 +325,7 @@ impl RocksInstance {
         let mut cf_options = Options::default();
         cf_options.set_block_based_table_factory(&table);
         cf_options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        cf_options.set_merge_operator_associative("cairn-list-append", list_append);
         cf_options.set_write_buffer_size((budget as usize / 8).clamp(1 << 20, 64 << 20));
         // Smaller files: an upload reads one file at a time into memory.
         cf_options.set_target_file_size_base((budget / 4).clamp(1 << 20, 64 << 20));
@@ -540,6 +561,48 @@ impl RocksInstance {
         };
         db.get_pinned_cf(handle, key)
             .map_err(|e| rocks_err(&format!("cannot read state '{cf}'"), e))
+    }
+
+    /// Writes one key of column family `cf`.
+    pub(crate) fn put(&self, cf: &str, key: &[u8], value: &[u8]) -> TaskResult {
+        self.db()
+            .put_cf_opt(self.cf(cf)?, key, value, &self.write)
+            .map_err(|e| rocks_err(&format!("cannot write state '{cf}'"), e))
+    }
+
+    /// Merges `value` into one key of column family `cf` (list state: appends).
+    pub(crate) fn merge(&self, cf: &str, key: &[u8], value: &[u8]) -> TaskResult {
+        self.db()
+            .merge_cf_opt(self.cf(cf)?, key, value, &self.write)
+            .map_err(|e| rocks_err(&format!("cannot write state '{cf}'"), e))
+    }
+
+    /// Deletes one key of column family `cf`.
+    pub(crate) fn delete(&self, cf: &str, key: &[u8]) -> TaskResult {
+        self.db()
+            .delete_cf_opt(self.cf(cf)?, key, &self.write)
+            .map_err(|e| rocks_err(&format!("cannot write state '{cf}'"), e))
+    }
+
+    /// The first key of column family `cf` at or after `from` and before `below`.
+    pub(crate) fn first_key(
+        &self,
+        cf: &str,
+        from: &[u8],
+        below: &[u8],
+    ) -> TaskResult<Option<Box<[u8]>>> {
+        let mut read = rocksdb::ReadOptions::default();
+        read.set_iterate_upper_bound(below.to_vec());
+        let mut it = self.db().iterator_cf_opt(
+            self.cf(cf)?,
+            read,
+            IteratorMode::From(from, rocksdb::Direction::Forward),
+        );
+        match it.next() {
+            None => Ok(None),
+            Some(Ok((k, _))) => Ok(Some(k)),
+            Some(Err(e)) => Err(rocks_err(&format!("cannot read state '{cf}'"), e)),
+        }
     }
 
     /// Writes a batch (without the write-ahead log).
@@ -838,6 +901,18 @@ impl LocalCheckpoint {
                 }
                 let entry = current.get_or_insert_with(|| (kg, 0, Vec::new()));
                 entry.1 += 1;
+                if s.kind == StateKind::Timers {
+                    // Stored as [kg][time][K], persisted as (K, time).
+                    let time = super::disk_timers::time_from(&k[2..]).ok_or_else(|| {
+                        TaskError::msg(format!("RocksDB: a timer of '{}' is malformed", s.name))
+                    })?;
+                    entry
+                        .2
+                        .extend_from_slice(&k[super::disk_timers::TIMER_PREFIX..]);
+                    entry.2 = postcard::to_extend(&time, std::mem::take(&mut entry.2))
+                        .map_err(|e| TaskError::msg(format!("cannot encode a timer: {e}")))?;
+                    continue;
+                }
                 entry.2.extend_from_slice(&k[2..]);
                 entry.2.extend_from_slice(v.get(skip..).unwrap_or_default());
             }
@@ -870,7 +945,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::state::{KeyedContext, OperatorStateData, RestoredState, StateTtlConfig};
+    use crate::state::{
+        KeyedContext, OperatorStateData, RestoredState, StateTtlConfig, TimeDomain,
+    };
     use crate::storage::MemoryStorage;
 
     const JOB: &str = "job";
@@ -1350,6 +1427,194 @@ mod tests {
         }
     }
 
+    /// List appends to lists that are not cached read nothing: they are merged into the stored
+    /// lists by RocksDB's merge operator (at write-back), and every read, checkpoint, savepoint
+    /// and rescale sees the merged lists.
+    #[test]
+    fn list_appends_on_rocksdb_merge_without_reading_the_stored_list() {
+        for incremental in [false, true] {
+            let b = Backend::Rocks { incremental };
+            let env = Env::new();
+            let mut ctx = env.fresh(b);
+            let l = ctx.list_state::<u64>("l").unwrap();
+            for k in 0..1000u64 {
+                ctx.set_current_key(k);
+                l.add(&mut ctx, k).unwrap();
+            }
+            let parts = vec![env.snapshot(&mut ctx, 1, false)];
+            drop(ctx);
+            let mut ctx = env.ctx(b, 0, 1, restored_for(&parts, 0, 1));
+            let l = ctx.list_state::<u64>("l").unwrap();
+            for round in 1..=3u64 {
+                for k in 0..1000u64 {
+                    ctx.set_current_key(k);
+                    l.add(&mut ctx, k + 1000 * round).unwrap();
+                }
+                assert_eq!(ctx.entries(), 0, "appends loaded no list into the cache");
+                // Merged at the write-back of every snapshot.
+                env.snapshot(&mut ctx, 1 + round, false);
+            }
+            ctx.set_current_key(5);
+            l.add(&mut ctx, 9).unwrap(); // waits to be merged while the list is read
+            assert_eq!(l.get(&mut ctx).unwrap(), &[5, 1005, 2005, 3005, 9]);
+            l.add(&mut ctx, 10).unwrap(); // cached now: appended in memory
+            assert_eq!(ctx.entries(), 1);
+            let parts = vec![env.snapshot(&mut ctx, 9, false)];
+            let savepoint = vec![env.snapshot(&mut ctx, 10, true)];
+            drop(ctx);
+            for (parts, to) in [(&parts, b), (&savepoint, Backend::Heap)] {
+                for p in [1u32, 3] {
+                    let mut seen = 0;
+                    for i in 0..p {
+                        let mut back = env.ctx(to, i, p, restored_for(parts, i, p));
+                        let l = back.list_state::<u64>("l").unwrap();
+                        let range = back.key_group_range();
+                        for k in (0..1000u64).filter(|k| owns(range, *k)) {
+                            back.set_current_key(k);
+                            let mut want = vec![k, k + 1000, k + 2000, k + 3000];
+                            if k == 5 {
+                                want.extend([9, 10]);
+                            }
+                            assert_eq!(l.get(&mut back).unwrap(), &want[..], "{to:?} p={p} {k}");
+                            seen += 1;
+                        }
+                    }
+                    assert_eq!(seen, 1000);
+                }
+            }
+        }
+    }
+
+    /// Registers event-time timers for every key (two each, one deleted again, one
+    /// registered twice) and a processing-time timer for every third key.
+    fn register_timers(ctx: &mut KeyedContext<u64>) {
+        let range = ctx.key_group_range();
+        for k in (0..KEYS).filter(|k| owns(range, *k)) {
+            ctx.set_current_key(k);
+            let t = (k % 50) as i64 - 25;
+            ctx.register_event_time_timer(t).unwrap();
+            ctx.register_event_time_timer(t).unwrap();
+            ctx.register_event_time_timer(1_000 + t).unwrap();
+            ctx.register_event_time_timer(5_000).unwrap();
+            ctx.delete_event_time_timer(5_000).unwrap();
+            if k % 3 == 0 {
+                ctx.register_processing_time_timer(i64::MAX - 1 - k as i64)
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Fires every timer: (time, key) in the order they fired, per clock.
+    fn fire_all(ctx: &mut KeyedContext<u64>) -> (Vec<(i64, u64)>, Vec<(i64, u64)>) {
+        let mut event = Vec::new();
+        while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, 999).unwrap() {
+            event.push((t, *ctx.current_key().unwrap()));
+        }
+        assert_eq!(
+            ctx.next_due_timer(TimeDomain::EventTime, i64::MIN).unwrap(),
+            None
+        );
+        // A timer registered after others fired fires too.
+        if owns(ctx.key_group_range(), 1) {
+            ctx.set_current_key(1);
+            ctx.register_event_time_timer(2_000).unwrap();
+        }
+        while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, i64::MAX).unwrap() {
+            event.push((t, *ctx.current_key().unwrap()));
+        }
+        assert_eq!(
+            ctx.has_processing_timers(),
+            ctx.next_processing_timer().is_some()
+        );
+        let processing = ctx.drain_processing_timers().unwrap();
+        assert!(!ctx.has_processing_timers());
+        (event, processing)
+    }
+
+    fn expected_timers(range: KeyGroupRange) -> (Vec<(i64, u64)>, Vec<(i64, u64)>) {
+        let keys: Vec<u64> = (0..KEYS).filter(|k| owns(range, *k)).collect();
+        let mut early: Vec<(i64, u64)> = keys.iter().map(|&k| ((k % 50) as i64 - 25, k)).collect();
+        early.sort_unstable();
+        let mut late: Vec<(i64, u64)> = keys
+            .iter()
+            .map(|&k| (1_000 + (k % 50) as i64 - 25, k))
+            .collect();
+        if owns(range, 1) {
+            late.push((2_000, 1));
+        }
+        late.sort_unstable();
+        let mut event = early;
+        event.extend(late);
+        let mut processing: Vec<(i64, u64)> = keys
+            .iter()
+            .filter(|k| *k % 3 == 0)
+            .map(|&k| (i64::MAX - 1 - k as i64, k))
+            .collect();
+        processing.sort_unstable();
+        (event, processing)
+    }
+
+    /// Fired timers in time order; the order among equal times is the backend's.
+    fn sorted_by_time(mut v: Vec<(i64, u64)>) -> Vec<(i64, u64)> {
+        assert!(
+            v.windows(2).all(|w| w[0].0 <= w[1].0),
+            "fired out of time order"
+        );
+        v.sort_unstable();
+        v
+    }
+
+    /// Timers on every backend (on RocksDB in column families of their own): through a
+    /// checkpoint, restored at the same parallelism and rescaled 1 -> 3, and moved between the
+    /// backends by savepoints; every timer fires once, in time order, in the subtask owning its
+    /// key, and none that was deleted or fired before the snapshot.
+    #[test]
+    fn timers_survive_checkpoints_rescaling_and_savepoints_on_every_backend() {
+        for b in BACKENDS {
+            for savepoint in [false, true] {
+                for to in BACKENDS {
+                    if !savepoint && to != b {
+                        continue; // checkpoints restore on their own backend only
+                    }
+                    let env = Env::new();
+                    let mut ctx = env.fresh(b);
+                    register_timers(&mut ctx);
+                    // One timer fires before the snapshot and must not fire again.
+                    let first = ctx.next_due_timer(TimeDomain::EventTime, -25).unwrap();
+                    assert_eq!(first, Some(-25), "{b:?}");
+                    let fired_key = *ctx.current_key().unwrap();
+                    let parts = vec![env.snapshot(&mut ctx, 1, savepoint)];
+                    drop(ctx);
+                    for p in [1u32, 3] {
+                        let mut event = Vec::new();
+                        let mut processing = Vec::new();
+                        for i in 0..p {
+                            let mut back = env.ctx(to, i, p, restored_for(&parts, i, p));
+                            let range = back.key_group_range();
+                            let (e, pr) = fire_all(&mut back);
+                            let (mut want_e, want_p) = expected_timers(range);
+                            want_e.retain(|x| *x != (-25, fired_key));
+                            let what = format!("{b:?} -> {to:?}, savepoint {savepoint}, p={p}");
+                            assert_eq!(
+                                sorted_by_time(e.clone()),
+                                {
+                                    let mut w = want_e.clone();
+                                    w.sort_unstable();
+                                    w
+                                },
+                                "{what}"
+                            );
+                            assert_eq!(pr, want_p, "{what}");
+                            event.extend(e);
+                            processing.extend(pr);
+                        }
+                        assert!(!event.is_empty() && !processing.is_empty());
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn time_to_live_expires_on_both_backends_and_across_restores() {
         for b in BACKENDS {
@@ -1359,28 +1624,41 @@ mod tests {
             ctx.set_ttl_clock(1_000);
             let v = ctx.value_state_with_ttl::<u64>("v", ttl).unwrap();
             let m = ctx.map_state_with_ttl::<u32, u64>("m", ttl).unwrap();
+            let l = ctx.list_state_with_ttl::<u64>("l", ttl).unwrap();
             for k in 0..100u64 {
                 ctx.set_current_key(k);
                 v.update(&mut ctx, k).unwrap();
                 m.put(&mut ctx, 1, k).unwrap();
+                l.add(&mut ctx, k).unwrap();
             }
             ctx.set_ttl_clock(1_050);
             for k in 0..50u64 {
                 ctx.set_current_key(k);
                 v.update(&mut ctx, k + 1).unwrap();
+                l.add(&mut ctx, k + 1).unwrap();
             }
+            ctx.set_ttl_clock(1_099);
+            ctx.set_current_key(7);
+            assert_eq!(l.get(&mut ctx).unwrap(), &[7, 8], "{b:?}");
             let parts = vec![env.snapshot(&mut ctx, 1, false)];
             drop(ctx);
             let mut back = env.ctx(b, 0, 1, restored_for(&parts, 0, 1));
             back.set_ttl_clock(1_120);
             let v = back.value_state_with_ttl::<u64>("v", ttl).unwrap();
             let m = back.map_state_with_ttl::<u32, u64>("m", ttl).unwrap();
+            let l = back.list_state_with_ttl::<u64>("l", ttl).unwrap();
             for k in 0..100u64 {
                 back.set_current_key(k);
                 let want = (k < 50).then_some(k + 1);
                 assert_eq!(v.value(&mut back).unwrap().copied(), want, "{b:?} {k}");
                 assert_eq!(m.get(&mut back, &1).unwrap(), None, "{b:?} {k}");
+                // Each element expires on its own: the one added at 1 050 is left.
+                let left: Vec<u64> = want.into_iter().collect();
+                assert_eq!(l.get(&mut back).unwrap(), &left[..], "{b:?} {k}");
             }
+            back.set_ttl_clock(1_150);
+            back.set_current_key(7);
+            assert!(l.get(&mut back).unwrap().is_empty(), "{b:?}");
             // Without time-to-live the same state is refused.
             let parts = vec![env.snapshot(&mut back, 2, false)];
             drop(back);
@@ -1399,6 +1677,7 @@ mod tests {
         let mut ctx = env.fresh(Backend::Rocks { incremental: true });
         let v = ctx.value_state_with_ttl::<u64>("v", ttl).unwrap();
         let m = ctx.map_state_with_ttl::<u32, u64>("m", ttl).unwrap();
+        let l = ctx.list_state_with_ttl::<u64>("l", ttl).unwrap();
         let now = crate::checkpoint::now_ms() as i64;
         // Written two minutes ago, and on disk since: expired by now.
         ctx.set_ttl_clock(now - 120_000);
@@ -1406,6 +1685,7 @@ mod tests {
             ctx.set_current_key(k);
             v.update(&mut ctx, k).unwrap();
             m.put(&mut ctx, 1, k).unwrap();
+            l.add(&mut ctx, k).unwrap();
         }
         let parts = vec![env.snapshot(&mut ctx, 1, false)];
         drop(ctx);
@@ -1418,11 +1698,13 @@ mod tests {
         );
         let v = ctx.value_state_with_ttl::<u64>("v", ttl).unwrap();
         let m = ctx.map_state_with_ttl::<u32, u64>("m", ttl).unwrap();
+        let l = ctx.list_state_with_ttl::<u64>("l", ttl).unwrap();
         ctx.set_ttl_clock(now);
         for k in 1000..1500u64 {
             ctx.set_current_key(k);
             v.update(&mut ctx, k).unwrap();
             m.put(&mut ctx, 1, k).unwrap();
+            l.add(&mut ctx, k).unwrap();
         }
         env.snapshot(&mut ctx, 2, false);
         let rocks = ctx.rocks.as_ref().unwrap();
@@ -1430,17 +1712,18 @@ mod tests {
             let cf = rocks.cf(name).unwrap();
             rocks.db().iterator_cf(cf, IteratorMode::Start).count()
         };
-        assert_eq!((count("v"), count("m")), (1500, 1500));
-        for name in ["v", "m"] {
+        assert_eq!((count("v"), count("m"), count("l")), (1500, 1500, 1500));
+        for name in ["v", "m", "l"] {
             rocks
                 .db()
                 .compact_range_cf(rocks.cf(name).unwrap(), None::<&[u8]>, None::<&[u8]>);
         }
-        assert_eq!((count("v"), count("m")), (500, 500));
+        assert_eq!((count("v"), count("m"), count("l")), (500, 500, 500));
         // What is left reads back.
         ctx.set_current_key(1200);
         assert_eq!(v.value(&mut ctx).unwrap(), Some(&1200));
         assert_eq!(m.get(&mut ctx, &1).unwrap(), Some(&1200));
+        assert_eq!(l.get(&mut ctx).unwrap(), &[1200]);
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! restored or rescaled subtask gets exactly the timers of its keys; a timer that fired before
 //! a checkpoint is not in it and cannot fire again after a restore.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+
+use super::cow::{CowMap, Frozen};
 
 use super::keygroup::{key_group_of_hash, stable_hash, KeyGroupRange};
 use super::{
@@ -33,8 +35,8 @@ pub const PROCESSING_TIMERS: &str = "_timers.processing";
 /// The timers of one clock, ordered by time.
 pub struct TimerQueue<K> {
     name: &'static str,
-    /// The registered timers: the truth.
-    set: HashSet<(K, i64)>,
+    /// The registered timers: the truth. Copy-on-write, so that a snapshot freezes it in O(1).
+    set: CowMap<(K, i64), ()>,
     /// Keys by time, for firing in time order; may hold entries deleted since (they are
     /// skipped when not in `set`).
     by_time: BTreeMap<i64, Vec<K>>,
@@ -44,30 +46,44 @@ impl<K: Key> TimerQueue<K> {
     fn new(name: &'static str) -> Self {
         TimerQueue {
             name,
-            set: HashSet::new(),
+            set: CowMap::default(),
             by_time: BTreeMap::new(),
         }
     }
 
     /// Registers a timer; false if it was registered already.
     pub fn register(&mut self, key: &K, time: i64) -> bool {
-        if self.set.contains(&(key.clone(), time)) {
+        let timer = (key.clone(), time);
+        self.settle(&timer);
+        if self.set.contains_key(&timer) {
             return false;
         }
-        self.set.insert((key.clone(), time));
-        self.by_time.entry(time).or_default().push(key.clone());
+        self.set.put(&timer, ());
+        self.by_time.entry(time).or_default().push(timer.0);
         true
     }
 
     /// Deletes a timer, if registered.
     pub fn delete(&mut self, key: &K, time: i64) {
-        self.set.remove(&(key.clone(), time));
+        let timer = (key.clone(), time);
+        self.settle(&timer);
+        self.set.remove(&timer);
+    }
+
+    /// Once no snapshot reads the frozen shard of `timer` any more, folds it back.
+    #[inline]
+    fn settle(&mut self, timer: &(K, i64)) {
+        if self.set.is_frozen() {
+            self.set.settle_for(timer);
+        }
     }
 
     /// Every registered timer (key, time), in no particular order (the simulation's snapshots).
     #[cfg(test)]
     pub(crate) fn entries(&self) -> Vec<(K, i64)> {
-        self.set.iter().cloned().collect()
+        let mut all = Vec::new();
+        self.set.copy_view().for_each(|t, _| all.push(t.clone()));
+        all
     }
 
     /// Number of registered timers.
@@ -87,7 +103,7 @@ impl<K: Key> TimerQueue<K> {
             let t = *first.key();
             let keys = first.get_mut();
             while let Some(k) = keys.last() {
-                if self.set.contains(&(k.clone(), t)) {
+                if self.set.contains_key(&(k.clone(), t)) {
                     return Some(t);
                 }
                 keys.pop();
@@ -100,7 +116,10 @@ impl<K: Key> TimerQueue<K> {
     pub fn peek(&self) -> Option<i64> {
         self.by_time
             .iter()
-            .find(|(t, keys)| keys.iter().any(|k| self.set.contains(&(k.clone(), **t))))
+            .find(|(t, keys)| {
+                keys.iter()
+                    .any(|k| self.set.contains_key(&(k.clone(), **t)))
+            })
             .map(|(t, _)| *t)
     }
 
@@ -118,8 +137,12 @@ impl<K: Key> TimerQueue<K> {
                     if keys.is_empty() {
                         first.remove();
                     }
-                    if self.set.remove(&(k.clone(), t)) {
-                        return Some((t, k));
+                    let timer = (k, t);
+                    if self.set.is_frozen() {
+                        self.set.settle_for(&timer);
+                    }
+                    if self.set.remove(&timer) {
+                        return Some((t, timer.0));
                     }
                 }
                 None => {
@@ -140,18 +163,27 @@ impl<K: Key> TimerQueue<K> {
     }
 
     /// The synchronous part of a snapshot (None when there is no timer).
-    pub(crate) fn snapshot(&self, max_parallelism: u32) -> Option<DeferredTable> {
+    /// `copy_on_write`: the set is frozen in O(1) rather than copied.
+    pub(crate) fn snapshot(
+        &mut self,
+        max_parallelism: u32,
+        copy_on_write: bool,
+    ) -> Option<DeferredTable> {
         if self.set.is_empty() {
             return None;
         }
-        let copy: Vec<(K, i64)> = self.set.iter().cloned().collect();
+        let view: Frozen<(K, i64), ()> = if copy_on_write {
+            self.set.freeze()
+        } else {
+            self.set.copy()
+        };
         let name = self.name;
         Some(Box::new(move || {
             let mut groups: BTreeMap<u32, Vec<&(K, i64)>> = BTreeMap::new();
-            for e in &copy {
+            view.for_each(|e, _| {
                 let kg = key_group_of_hash(stable_hash(&e.0), max_parallelism);
                 groups.entry(kg).or_default().push(e);
-            }
+            });
             let mut out = Vec::with_capacity(groups.len());
             for (kg, entries) in groups {
                 let bytes = postcard::to_stdvec(&entries).map_err(|e| {
@@ -258,7 +290,7 @@ mod tests {
         for k in 0..100u64 {
             q.register(&k, 1_000 + k as i64);
         }
-        let table = (q.snapshot(128).unwrap())().unwrap();
+        let table = (q.snapshot(128, true).unwrap())().unwrap();
         let halves = [
             KeyGroupRange::for_subtask(128, 2, 0),
             KeyGroupRange::for_subtask(128, 2, 1),
