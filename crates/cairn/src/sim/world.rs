@@ -1478,10 +1478,12 @@ impl World {
                 return;
             };
             // As the heap backend's table at an access: folded back once no snapshot reads it.
+            let mut written_frozen = false;
             if counts.is_frozen() {
                 for &(k, _) in records.iter() {
                     counts.settle_for(&k);
                 }
+                written_frozen = counts.is_frozen();
             }
             let mut late = None;
             let out: Vec<(u64, u64)> = records
@@ -1499,6 +1501,9 @@ impl World {
                     (k, *c)
                 })
                 .collect();
+            if written_frozen {
+                self.count("batches written under a frozen snapshot");
+            }
             if let Some((k, ts, wm)) = late {
                 self.count("late records");
                 self.note(|| format!("counter {task}: key {k} at {ts} behind watermark {wm}"));
