@@ -356,7 +356,7 @@ impl<K, S> Clone for Frozen<K, S> {
     fn clone(&self) -> Self {
         Frozen {
             shards: self.shards.clone(),
-            hasher: self.hasher.clone(),
+            hasher: self.hasher,
         }
     }
 }
@@ -540,7 +540,7 @@ impl<K: Hash + Eq + Clone, S: Clone> CowMap<K, S> {
         }
         Frozen {
             shards,
-            hasher: self.hasher.clone(),
+            hasher: self.hasher,
         }
     }
 
@@ -556,7 +556,7 @@ impl<K: Hash + Eq + Clone, S: Clone> CowMap<K, S> {
             .collect();
         Frozen {
             shards,
-            hasher: self.hasher.clone(),
+            hasher: self.hasher,
         }
     }
 
@@ -571,7 +571,7 @@ impl<K: Hash + Eq + Clone, S: Clone> CowMap<K, S> {
             .collect();
         Frozen {
             shards,
-            hasher: self.hasher.clone(),
+            hasher: self.hasher,
         }
     }
 

@@ -1504,8 +1504,11 @@ mod tests {
         }
     }
 
+    /// Timers (time, key) of event time and of processing time.
+    type Fired = (Vec<(i64, u64)>, Vec<(i64, u64)>);
+
     /// Fires every timer: (time, key) in the order they fired, per clock.
-    fn fire_all(ctx: &mut KeyedContext<u64>) -> (Vec<(i64, u64)>, Vec<(i64, u64)>) {
+    fn fire_all(ctx: &mut KeyedContext<u64>) -> Fired {
         let mut event = Vec::new();
         while let Some(t) = ctx.next_due_timer(TimeDomain::EventTime, 999).unwrap() {
             event.push((t, *ctx.current_key().unwrap()));
@@ -1531,7 +1534,7 @@ mod tests {
         (event, processing)
     }
 
-    fn expected_timers(range: KeyGroupRange) -> (Vec<(i64, u64)>, Vec<(i64, u64)>) {
+    fn expected_timers(range: KeyGroupRange) -> Fired {
         let keys: Vec<u64> = (0..KEYS).filter(|k| owns(range, *k)).collect();
         let mut early: Vec<(i64, u64)> = keys.iter().map(|&k| ((k % 50) as i64 - 25, k)).collect();
         early.sort_unstable();
