@@ -494,6 +494,17 @@ fn q11_sigkilled_and_resumed_commits_exactly_the_output_of_an_undisturbed_run() 
 /// savepoint at `to_p` into the same output, and compares with an undisturbed run: window
 /// contents and timers are redistributed by key group, nothing fires twice, nothing is lost.
 fn rescaled_through_a_savepoint(query: &str, from_p: u32, to_p: u32, seed: u64) {
+    rescaled_through_a_savepoint_with(query, from_p, to_p, seed, &[]);
+}
+
+/// [`rescaled_through_a_savepoint`] with more flags for both runs (say, the state backend).
+fn rescaled_through_a_savepoint_with(
+    query: &str,
+    from_p: u32,
+    to_p: u32,
+    seed: u64,
+    flags: &[String],
+) {
     let events = 4_000_000;
     let expected = undisturbed(query, events, seed);
     let tmp = tempfile::tempdir().unwrap();
@@ -509,7 +520,8 @@ fn rescaled_through_a_savepoint(query: &str, from_p: u32, to_p: u32, seed: u64) 
             .arg(&ck)
             .args(["--checkpoint-interval", "30ms"])
             .arg("--savepoint-on-exit")
-            .arg(&sp),
+            .arg(&sp)
+            .args(flags),
     );
     let (savepoint, _) = first.stop_with_savepoint_after_a_checkpoint(&ck, deadline);
     let partial = committed(&out).len();
@@ -523,7 +535,8 @@ fn rescaled_through_a_savepoint(query: &str, from_p: u32, to_p: u32, seed: u64) 
             .arg(&ck)
             .args(["--checkpoint-interval", "200ms"])
             .arg("--from")
-            .arg(&savepoint),
+            .arg(&savepoint)
+            .args(flags),
     );
     assert_no_leftovers(&out);
     let got = committed(&out);
@@ -533,6 +546,36 @@ fn rescaled_through_a_savepoint(query: &str, from_p: u32, to_p: u32, seed: u64) 
         got.len(),
         expected.len()
     );
+}
+
+/// The flags of the RocksDB backend with incremental checkpoints, its instances under `dir`.
+fn rocksdb_flags(dir: &Path) -> Vec<String> {
+    vec![
+        "-D".into(),
+        "state.backend.type=rocksdb".into(),
+        "-D".into(),
+        "state.backend.incremental=true".into(),
+        "-D".into(),
+        format!("state.backend.rocksdb.localdir={}", dir.display()),
+    ]
+}
+
+/// Windows and their timers on RocksDB (the timers in column families of their own), through
+/// SIGKILLs at chosen points of checkpoint progress: nothing fires twice, nothing is lost.
+#[test]
+fn q5_on_rocksdb_sigkilled_and_resumed_commits_exactly_the_output_of_an_undisturbed_run() {
+    let local = tempfile::tempdir().unwrap();
+    let flags = rocksdb_flags(local.path());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    killed_and_resumed_with("q5", 2, 21, &flags);
+}
+
+/// Session windows and timers on RocksDB, stopped with a savepoint at parallelism 2 and
+/// resumed at 3 on RocksDB again: timers move with their key groups.
+#[test]
+fn q11_on_rocksdb_rescaled_from_2_to_3_through_a_savepoint_stays_exactly_once() {
+    let local = tempfile::tempdir().unwrap();
+    rescaled_through_a_savepoint_with("q11", 2, 3, 22, &rocksdb_flags(local.path()));
 }
 
 #[test]
