@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex};
 
+use hashbrown::hash_map::RawEntryMut;
 use hashbrown::{DefaultHashBuilder, HashMap, HashSet};
 
 /// An immutable part of a frozen view: what changed since the layer before it (all entries,
@@ -103,10 +104,12 @@ struct Shard<K, S> {
     frozen_len: usize,
 }
 
-impl<K, S> Default for Shard<K, S> {
-    fn default() -> Self {
+impl<K, S> Shard<K, S> {
+    /// An empty shard whose live maps hash with `hasher` (the [`CowMap`]'s, so that the hash
+    /// it computes once per access serves the shard's table too).
+    fn new(hasher: DefaultHashBuilder) -> Self {
         Shard {
-            live: HashMap::default(),
+            live: HashMap::with_hasher(hasher),
             removed: HashSet::default(),
             frozen: Vec::new(),
             frozen_len: 0,
@@ -137,81 +140,105 @@ impl<K: Hash + Eq + Clone, S: Clone> Shard<K, S> {
         None
     }
 
-    /// The entry of `key`.
+    /// The entry of `key` (`hash`: its hash).
     #[inline]
-    pub(crate) fn get(&self, key: &K) -> Option<&S> {
-        match self.live.get(key) {
-            Some(v) => Some(v),
+    fn get(&self, hash: u64, key: &K) -> Option<&S> {
+        match self.live.raw_entry().from_key_hashed_nocheck(hash, key) {
+            Some((_, v)) => Some(v),
             None if self.frozen.is_empty() => None,
             None => self.frozen_get(key),
         }
     }
 
-    /// Whether `key` has an entry.
-    #[inline]
-    pub(crate) fn contains_key(&self, key: &K) -> bool {
-        self.get(key).is_some()
-    }
-
     /// Copies the entry of `key` out of the frozen layers into the live map (copy on write),
     /// so that the live map holds it if the view does.
     #[inline]
-    fn make_live(&mut self, key: &K) {
-        if self.frozen.is_empty() || self.live.contains_key(key) {
+    fn make_live(&mut self, hash: u64, key: &K) {
+        if self.frozen.is_empty() {
             return;
         }
-        if let Some(v) = self.frozen_get(key).cloned() {
-            self.live.insert(key.clone(), v);
+        let RawEntryMut::Vacant(vacant) =
+            self.live.raw_entry_mut().from_key_hashed_nocheck(hash, key)
+        else {
+            return;
+        };
+        if self.removed.contains(key) {
+            return;
+        }
+        let frozen = self.frozen.iter().rev().find_map(|l| {
+            l.entries
+                .get(key)
+                .map(Some)
+                .or_else(|| l.removed.contains(key).then_some(None))
+        });
+        if let Some(Some(v)) = frozen {
+            vacant.insert_hashed_nocheck(hash, key.clone(), v.clone());
         }
     }
 
     /// The entry of `key`, to change in place.
     #[inline]
-    pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut S> {
-        self.make_live(key);
-        self.live.get_mut(key)
+    fn get_mut(&mut self, hash: u64, key: &K) -> Option<&mut S> {
+        self.make_live(hash, key);
+        match self.live.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+            RawEntryMut::Occupied(o) => Some(o.into_mut()),
+            RawEntryMut::Vacant(_) => None,
+        }
     }
 
     /// The entry of `key`, inserting `default()` first if there is none; whether it did.
     #[inline]
-    fn get_or_insert_with(&mut self, key: &K, default: impl FnOnce() -> S) -> (&mut S, bool) {
-        self.make_live(key);
-        let inserted = !self.live.contains_key(key);
-        if inserted {
-            if self.is_frozen() {
-                self.removed.remove(key);
-                self.frozen_len += 1;
+    fn get_or_insert_with(
+        &mut self,
+        hash: u64,
+        key: &K,
+        default: impl FnOnce() -> S,
+    ) -> (&mut S, bool) {
+        self.make_live(hash, key);
+        match self.live.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+            RawEntryMut::Occupied(o) => (o.into_mut(), false),
+            RawEntryMut::Vacant(v) => {
+                if !self.frozen.is_empty() {
+                    self.removed.remove(key);
+                    self.frozen_len += 1;
+                }
+                (
+                    v.insert_hashed_nocheck(hash, key.clone(), default()).1,
+                    true,
+                )
             }
-            self.live.insert(key.clone(), default());
         }
-        let entry = self
-            .live
-            .get_mut(key)
-            .unwrap_or_else(|| unreachable!("inserted above"));
-        (entry, inserted)
     }
 
     /// Sets the entry of `key`.
     #[inline]
-    pub(crate) fn put(&mut self, key: &K, value: S) {
-        match self.live.get_mut(key) {
-            Some(slot) => *slot = value,
-            None => {
-                if self.is_frozen() {
-                    if self.frozen_get(key).is_none() {
+    fn put(&mut self, hash: u64, key: &K, value: S) {
+        let frozen = !self.frozen.is_empty();
+        let in_frozen = frozen && self.frozen_get(key).is_some();
+        match self.live.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+            RawEntryMut::Occupied(mut o) => *o.get_mut() = value,
+            RawEntryMut::Vacant(v) => {
+                if frozen {
+                    if !in_frozen {
                         self.frozen_len += 1;
                     }
                     self.removed.remove(key);
                 }
-                self.live.insert(key.clone(), value);
+                v.insert_hashed_nocheck(hash, key.clone(), value);
             }
         }
     }
 
     /// Removes the entry of `key`; whether there was one.
     #[inline]
-    pub(crate) fn remove(&mut self, key: &K) -> bool {
-        let was_live = self.live.remove(key).is_some();
+    fn remove(&mut self, hash: u64, key: &K) -> bool {
+        let was_live = match self.live.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+            RawEntryMut::Occupied(o) => {
+                o.remove();
+                true
+            }
+            RawEntryMut::Vacant(_) => false,
+        };
         if self.frozen.is_empty() {
             return was_live;
         }
@@ -252,8 +279,9 @@ impl<K: Hash + Eq + Clone, S: Clone> Shard<K, S> {
         if !self.is_frozen() {
             self.frozen_len = self.live.len();
         }
+        let hasher = *self.live.hasher();
         self.frozen.push(Arc::new(Layer {
-            entries: std::mem::take(&mut self.live),
+            entries: std::mem::replace(&mut self.live, HashMap::with_hasher(hasher)),
             removed: std::mem::take(&mut self.removed),
             expired: Mutex::new(Vec::new()),
         }));
@@ -285,6 +313,17 @@ impl<K: Hash + Eq + Clone, S: Clone> Shard<K, S> {
             expired: Mutex::new(Vec::new()),
         }));
         FrozenShard { layers }
+    }
+
+    /// What settling would fold back: the live changes and every layer but the oldest.
+    fn changes(&self) -> usize {
+        let layers: usize = self
+            .frozen
+            .iter()
+            .skip(1)
+            .map(|l| l.entries.len() + l.removed.len())
+            .sum();
+        self.live.len() + self.removed.len() + layers
     }
 
     /// Once no snapshot reads the frozen layers any more, folds them and the live changes
@@ -323,6 +362,9 @@ impl<K: Hash + Eq + Clone, S: Clone> Shard<K, S> {
 /// in that shard only, so the task never pauses for all the changes at once.
 const SHARDS: usize = 128;
 
+/// At most this many changes of a shard are folded back in a snapshot's synchronous part.
+const SETTLE_AT_FREEZE: usize = 1024;
+
 /// A hash map with O(1) snapshots, in shards (see the module documentation). A shard is
 /// folded back (settled) when a key of it is accessed, or at the next freeze.
 pub(crate) struct CowMap<K, S> {
@@ -336,9 +378,10 @@ pub(crate) struct CowMap<K, S> {
 
 impl<K, S> Default for CowMap<K, S> {
     fn default() -> Self {
+        let hasher = DefaultHashBuilder::default();
         CowMap {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: DefaultHashBuilder::default(),
+            shards: (0..SHARDS).map(|_| Shard::new(hasher)).collect(),
+            hasher,
             len: 0,
             frozen: 0,
         }
@@ -367,10 +410,15 @@ impl<K, S> std::fmt::Debug for Frozen<K, S> {
     }
 }
 
+/// The shard of a key's hash: bits the shards' own tables do not use (low bits: the bucket;
+/// top seven: the tag).
+#[inline]
+fn shard_of_hash(hash: u64) -> usize {
+    (hash >> 40) as usize % SHARDS
+}
+
 fn shard_of<K: Hash>(hasher: &DefaultHashBuilder, key: &K) -> usize {
-    // Bits the shards' own tables do not use for small tables (low bits: the bucket; top
-    // seven: the tag).
-    (hasher.hash_one(key) >> 40) as usize % SHARDS
+    shard_of_hash(hasher.hash_one(key))
 }
 
 impl<K: Hash + Eq, S> Frozen<K, S> {
@@ -406,17 +454,21 @@ impl<K: Hash + Eq, S> Frozen<K, S> {
 }
 
 impl<K: Hash + Eq + Clone, S: Clone> CowMap<K, S> {
+    /// The hash of `key` (computed once per access: it picks the shard and serves the
+    /// shard's table) and its shard's index.
     #[inline]
-    fn shard(&self, key: &K) -> &Shard<K, S> {
-        &self.shards[shard_of(&self.hasher, key)]
+    fn locate(&self, key: &K) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, shard_of_hash(hash))
     }
 
-    /// Applies `f` to the shard of `key`, keeping the count of entries.
+    /// Applies `f` to the shard of `key` with the key's hash, keeping the count of entries.
     #[inline]
-    fn with_shard<R>(&mut self, key: &K, f: impl FnOnce(&mut Shard<K, S>) -> R) -> R {
-        let shard = &mut self.shards[shard_of(&self.hasher, key)];
+    fn with_shard<R>(&mut self, key: &K, f: impl FnOnce(&mut Shard<K, S>, u64) -> R) -> R {
+        let (hash, i) = self.locate(key);
+        let shard = &mut self.shards[i];
         let before = shard.len();
-        let out = f(shard);
+        let out = f(shard, hash);
         self.len = self.len + shard.len() - before;
         out
     }
@@ -430,27 +482,28 @@ impl<K: Hash + Eq + Clone, S: Clone> CowMap<K, S> {
     /// The entry of `key`.
     #[inline]
     pub(crate) fn get(&self, key: &K) -> Option<&S> {
-        self.shard(key).get(key)
+        let (hash, i) = self.locate(key);
+        self.shards[i].get(hash, key)
     }
 
     /// Whether `key` has an entry.
     #[inline]
     pub(crate) fn contains_key(&self, key: &K) -> bool {
-        self.shard(key).contains_key(key)
+        self.get(key).is_some()
     }
 
     /// The entry of `key`, to change in place.
     #[inline]
     pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut S> {
-        let i = shard_of(&self.hasher, key);
-        self.shards[i].get_mut(key)
+        let (hash, i) = self.locate(key);
+        self.shards[i].get_mut(hash, key)
     }
 
     /// The entry of `key`, inserting `default()` first if there is none.
     #[inline]
     pub(crate) fn get_or_insert_with(&mut self, key: &K, default: impl FnOnce() -> S) -> &mut S {
-        let i = shard_of(&self.hasher, key);
-        let (entry, inserted) = self.shards[i].get_or_insert_with(key, default);
+        let (hash, i) = self.locate(key);
+        let (entry, inserted) = self.shards[i].get_or_insert_with(hash, key, default);
         self.len += usize::from(inserted);
         entry
     }
@@ -458,13 +511,13 @@ impl<K: Hash + Eq + Clone, S: Clone> CowMap<K, S> {
     /// Sets the entry of `key`.
     #[inline]
     pub(crate) fn put(&mut self, key: &K, value: S) {
-        self.with_shard(key, |s| s.put(key, value))
+        self.with_shard(key, |s, hash| s.put(hash, key, value))
     }
 
     /// Removes the entry of `key`; whether there was one.
     #[inline]
     pub(crate) fn remove(&mut self, key: &K) -> bool {
-        self.with_shard(key, |s| s.remove(key))
+        self.with_shard(key, |s, hash| s.remove(hash, key))
     }
 
     /// Keeps the entries `keep` says yes to (nothing may be frozen).
@@ -509,8 +562,24 @@ impl<K: Hash + Eq + Clone, S: Clone> CowMap<K, S> {
         }
     }
 
+    /// Folds back the shards no snapshot reads any more and that changed little (at most
+    /// [`SETTLE_AT_FREEZE`] entries each, so this stays short); the keys the snapshots found
+    /// expired. The others settle at their next access.
+    pub(crate) fn settle_small(&mut self) -> Vec<K> {
+        let mut expired = Vec::new();
+        if self.is_frozen() {
+            for i in 0..SHARDS {
+                if self.shards[i].changes() <= SETTLE_AT_FREEZE {
+                    expired.extend(self.settle_shard(i));
+                }
+            }
+        }
+        expired
+    }
+
     /// Folds back every shard no snapshot reads any more; the keys the snapshots found
     /// expired.
+    #[cfg(test)]
     pub(crate) fn settle_all(&mut self) -> Vec<K> {
         let mut expired = Vec::new();
         if self.is_frozen() {
@@ -523,11 +592,12 @@ impl<K: Hash + Eq + Clone, S: Clone> CowMap<K, S> {
 
     /// The synchronous part of a snapshot: the current view, frozen in O(shards) (each
     /// non-empty shard's live map and tombstones move into a new layer). Shards whose
-    /// snapshots are done are folded back first (settle them before, with
-    /// [`settle_all`](Self::settle_all), to use the keys they found expired; a later snapshot
-    /// finds those again).
+    /// snapshots are done and that changed little are folded back first (settle them before,
+    /// with [`settle_small`](Self::settle_small), to use the keys they found expired; a later
+    /// snapshot finds those again); the others get a layer on top of their frozen ones, so
+    /// that the synchronous part never pays for many changes.
     pub(crate) fn freeze(&mut self) -> Frozen<K, S> {
-        self.settle_all();
+        self.settle_small();
         let mut shards = Vec::new();
         for (i, shard) in self.shards.iter_mut().enumerate() {
             if shard.is_empty() {

@@ -666,7 +666,7 @@ impl<K: Key, S: StateValue> ErasedTable<K> for Table<K, S> {
         let view = if self.copy_on_write {
             // Synchronous part: the table is frozen, not copied; the task copies what it
             // changes while the asynchronous part reads the frozen view.
-            let expired = self.map.settle_all();
+            let expired = self.map.settle_small();
             self.drop_expired(expired, || now);
             self.map.freeze()
         } else {

@@ -871,7 +871,12 @@ impl LocalCheckpoint {
         let names: Vec<String> = self.states.iter().map(|s| s.name.clone()).collect();
         let mut opts = self.cf_options.clone();
         opts.create_if_missing(false);
-        let db = DB::open_cf_for_read_only(&opts, &self.local, &names, false)
+        // Every column family with the instance's options: list state needs the merge
+        // operator to read appends not yet merged.
+        let descriptors = names
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(n, self.cf_options.clone()));
+        let db = DB::open_cf_descriptors_read_only(&opts, &self.local, descriptors, false)
             .map_err(|e| rocks_err("cannot open the local checkpoint", e))?;
         let mut tables = Vec::with_capacity(self.states.len());
         for s in &self.states {
