@@ -1,10 +1,11 @@
 //! State: keyed state (scoped to the current key, partitioned into key groups) held by the heap
-//! state backend, and the snapshot/restore data that checkpoints carry.
+//! or the RocksDB state backend, and the snapshot/restore data that checkpoints carry.
 //!
 //! The state layer knows nothing about channels, tasks or checkpoint storage: an operator asks
-//! its [`KeyedContext`] for a snapshot ([`OperatorSnapshot`]) whose synchronous part is a copy of
-//! the tables and whose asynchronous part ([`OperatorSnapshot::finish`]) serializes them per key
-//! group, off the task thread.
+//! its [`KeyedContext`] for a snapshot ([`OperatorSnapshot`]) whose synchronous part freezes the
+//! heap's tables copy-on-write (`cow`; or copies them, without copy-on-write) or takes a RocksDB
+//! checkpoint, and whose asynchronous part ([`OperatorSnapshot::finish`]) serializes or uploads
+//! them per key group, off the task thread.
 
 pub(crate) mod cow;
 mod disk_timers;

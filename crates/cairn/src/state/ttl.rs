@@ -2,10 +2,12 @@
 //! both backends: an entry expires `ttl` after it was last written (or read, with
 //! [`TtlUpdate::OnReadAndWrite`]); an expired entry is never returned (unless
 //! [`TtlVisibility::ReturnExpiredIfNotCleanedUp`]), is left out of every snapshot, and is dropped
-//! from the live table at every snapshot, so that its memory is reclaimed.
+//! from the live table once a snapshot found it expired, so that its memory is reclaimed; on
+//! RocksDB a compaction filter also drops it from disk.
 //!
 //! Time to live is processing time (the wall clock), as in Flink. Each entry carries the time
-//! of its last access; the entries of a map state carry one each. A state's values are stored
+//! of its last access; the entries of a map state and the elements of a list state
+//! ([`TtlList`]) carry one each. A state's values are stored
 //! as [`Ttl`] with the serializer id [`SERDE_POSTCARD_TTL`], so a restore refuses to read a state
 //! with TTL that was written without it, or the other way round (the formats differ).
 
