@@ -410,6 +410,7 @@ fn validate_state_file(f: &TaskStateFile, max_parallelism: u32) -> Result<(), St
             StateKind::List,
             StateKind::Map,
             StateKind::Reducing,
+            StateKind::Aggregating,
             StateKind::Timers,
         ];
         if let Some(t) = op.keyed.iter().find(|t| !keyed_kinds.contains(&t.kind)) {

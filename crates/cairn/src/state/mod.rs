@@ -55,6 +55,21 @@ impl<T: StableKey + Hash + Eq + Clone + Serialize + DeserializeOwned + Send + Sy
 pub trait StateValue: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {}
 impl<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static> StateValue for T {}
 
+/// Incremental aggregation (Flink's `AggregateFunction`): of a window's records, or of the
+/// values added to an [`AggregatingState`].
+pub trait AggregateFunction<T, R>: Clone + Send + Sync + 'static {
+    /// The running state of the aggregation.
+    type Acc: StateValue;
+    /// An empty accumulator.
+    fn create(&self) -> Self::Acc;
+    /// Adds a record.
+    fn add(&self, acc: &mut Self::Acc, value: T);
+    /// Folds `other` into `acc` (panes into a window, sessions into one).
+    fn merge(&self, acc: &mut Self::Acc, other: &Self::Acc);
+    /// The result.
+    fn result(&self, acc: &Self::Acc) -> R;
+}
+
 /// The kind of a registered state. A restore refuses a state registered as another kind than
 /// the one it was written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +88,8 @@ pub enum StateKind {
     UnionList,
     /// Keyed system state: the timers of a keyed operator.
     Timers,
+    /// Keyed: an accumulator per key that added values are aggregated into.
+    Aggregating,
 }
 
 impl StateKind {
@@ -86,6 +103,7 @@ impl StateKind {
             StateKind::OperatorList => "operator list",
             StateKind::UnionList => "union list",
             StateKind::Timers => "timers",
+            StateKind::Aggregating => "aggregating",
         }
     }
 }
@@ -1357,6 +1375,38 @@ impl<K: Key> KeyedContext<K> {
         })
     }
 
+    /// Registers (or looks up) an [`AggregatingState`] named `name` that aggregates added
+    /// values with `agg` (its accumulator is what is stored).
+    pub fn aggregating_state<T, R, A: AggregateFunction<T, R>>(
+        &mut self,
+        name: &str,
+        agg: A,
+    ) -> TaskResult<AggregatingState<T, R, A>> {
+        Ok(AggregatingState {
+            idx: self.register::<A::Acc>(name, StateKind::Aggregating)?,
+            agg,
+            ttl: None,
+            _v: PhantomData,
+        })
+    }
+
+    /// Registers (or looks up) an [`AggregatingState`] named `name` whose accumulator
+    /// expires as `ttl` says (an expired one is aggregated into as if there were none).
+    pub fn aggregating_state_with_ttl<T, R, A: AggregateFunction<T, R>>(
+        &mut self,
+        name: &str,
+        agg: A,
+        ttl: StateTtlConfig,
+    ) -> TaskResult<AggregatingState<T, R, A>> {
+        let hooks = TtlHooks::single(ttl);
+        Ok(AggregatingState {
+            idx: self.register_with::<Ttl<A::Acc>>(name, StateKind::Aggregating, Some(hooks))?,
+            agg,
+            ttl: Some(ttl),
+            _v: PhantomData,
+        })
+    }
+
     /// The synchronous part of a checkpoint of every registered table, plus restored tables
     /// that were never registered in this run (they are carried over unchanged, not dropped).
     pub fn snapshot(&mut self, uid: &str) -> TaskResult<OperatorSnapshot> {
@@ -1814,6 +1864,57 @@ impl<V: StateValue> ReducingState<V> {
         match &self.ttl {
             None => ctx.remove::<V>(self.idx),
             Some(_) => ctx.remove::<Ttl<V>>(self.idx),
+        }
+    }
+}
+
+/// An accumulator per key that added values are aggregated into (Flink's `AggregatingState`).
+pub struct AggregatingState<T, R, A> {
+    idx: usize,
+    agg: A,
+    /// Stored as a [`Ttl`] accumulator that expires.
+    ttl: Option<StateTtlConfig>,
+    _v: PhantomData<fn(T) -> R>,
+}
+
+impl<T, R, A: Clone> Clone for AggregatingState<T, R, A> {
+    fn clone(&self) -> Self {
+        AggregatingState {
+            idx: self.idx,
+            agg: self.agg.clone(),
+            ttl: self.ttl,
+            _v: PhantomData,
+        }
+    }
+}
+
+impl<T, R, A: AggregateFunction<T, R>> AggregatingState<T, R, A> {
+    /// The result of the current key's accumulator (None: nothing was added).
+    pub fn get<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult<Option<R>> {
+        let acc = match &self.ttl {
+            None => ctx.get::<A::Acc>(self.idx)?,
+            Some(ttl) => {
+                let now = ctx.ttl_now();
+                ctx.get_for::<Ttl<A::Acc>>(self.idx, ttl.refreshes_on_read())?
+                    .and_then(|e| ttl.read(e, now))
+            }
+        };
+        Ok(acc.map(|a| self.agg.result(a)))
+    }
+    /// Aggregates `value` into the current key's accumulator.
+    pub fn add<K: Key>(&self, ctx: &mut KeyedContext<K>, value: T) -> TaskResult {
+        let acc = match &self.ttl {
+            None => ctx.get_or_insert(self.idx, || self.agg.create())?,
+            Some(ttl) => ttl_entry(ctx, self.idx, ttl, || self.agg.create())?,
+        };
+        self.agg.add(acc, value);
+        Ok(())
+    }
+    /// Removes the current key's accumulator.
+    pub fn clear<K: Key>(&self, ctx: &mut KeyedContext<K>) -> TaskResult {
+        match &self.ttl {
+            None => ctx.remove::<A::Acc>(self.idx),
+            Some(_) => ctx.remove::<Ttl<A::Acc>>(self.idx),
         }
     }
 }

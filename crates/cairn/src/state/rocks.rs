@@ -1079,12 +1079,35 @@ mod tests {
 
     const KEYS: u64 = 2000;
 
+    /// The mean of the added values: an accumulator (sum, count) of another type than both.
+    #[derive(Clone)]
+    struct Mean;
+
+    impl crate::state::AggregateFunction<u64, f64> for Mean {
+        type Acc = (u64, u32);
+        fn create(&self) -> (u64, u32) {
+            (0, 0)
+        }
+        fn add(&self, acc: &mut (u64, u32), value: u64) {
+            acc.0 += value;
+            acc.1 += 1;
+        }
+        fn merge(&self, acc: &mut (u64, u32), other: &(u64, u32)) {
+            acc.0 += other.0;
+            acc.1 += other.1;
+        }
+        fn result(&self, acc: &(u64, u32)) -> f64 {
+            acc.0 as f64 / f64::from(acc.1)
+        }
+    }
+
     /// Writes every state kind for every key; `round` changes the values.
     fn write_all(ctx: &mut KeyedContext<u64>, round: u64) {
         let v = ctx.value_state::<u64>("v").unwrap();
         let l = ctx.list_state::<String>("l").unwrap();
         let m = ctx.map_state::<u32, u64>("m").unwrap();
         let r = ctx.reducing_state::<u64>("r", |a, b| a + b).unwrap();
+        let a = ctx.aggregating_state("a", Mean).unwrap();
         let range = ctx.key_group_range();
         for k in (0..KEYS).filter(|k| owns(range, *k)) {
             ctx.set_current_key(k);
@@ -1097,6 +1120,7 @@ mod tests {
                 m.remove(ctx, &99).unwrap();
             }
             r.add(ctx, k + round).unwrap();
+            a.add(ctx, k + 2 * round).unwrap();
             if k % 7 == 0 {
                 v.clear(ctx).unwrap();
             }
@@ -1114,6 +1138,7 @@ mod tests {
         let l = ctx.list_state::<String>("l").unwrap();
         let m = ctx.map_state::<u32, u64>("m").unwrap();
         let r = ctx.reducing_state::<u64>("r", |a, b| a + b).unwrap();
+        let a = ctx.aggregating_state("a", Mean).unwrap();
         let range = ctx.key_group_range();
         let mut seen = 0;
         for k in 0..KEYS {
@@ -1142,6 +1167,9 @@ mod tests {
             assert_eq!(entries, want, "map of {k}");
             let sum: u64 = (0..=last).map(|round| k + round).sum();
             assert_eq!(r.get(ctx).unwrap().copied(), Some(sum), "reduced {k}");
+            let mean =
+                (0..=last).map(|round| (k + 2 * round) as f64).sum::<f64>() / (last + 1) as f64;
+            assert_eq!(a.get(ctx).unwrap(), Some(mean), "aggregated {k}");
         }
         seen
     }
@@ -1633,11 +1661,13 @@ mod tests {
             let v = ctx.value_state_with_ttl::<u64>("v", ttl).unwrap();
             let m = ctx.map_state_with_ttl::<u32, u64>("m", ttl).unwrap();
             let l = ctx.list_state_with_ttl::<u64>("l", ttl).unwrap();
+            let a = ctx.aggregating_state_with_ttl("a", Mean, ttl).unwrap();
             for k in 0..100u64 {
                 ctx.set_current_key(k);
                 v.update(&mut ctx, k).unwrap();
                 m.put(&mut ctx, 1, k).unwrap();
                 l.add(&mut ctx, k).unwrap();
+                a.add(&mut ctx, k).unwrap();
             }
             ctx.set_ttl_clock(1_050);
             for k in 0..50u64 {
@@ -1655,11 +1685,13 @@ mod tests {
             let v = back.value_state_with_ttl::<u64>("v", ttl).unwrap();
             let m = back.map_state_with_ttl::<u32, u64>("m", ttl).unwrap();
             let l = back.list_state_with_ttl::<u64>("l", ttl).unwrap();
+            let a = back.aggregating_state_with_ttl("a", Mean, ttl).unwrap();
             for k in 0..100u64 {
                 back.set_current_key(k);
                 let want = (k < 50).then_some(k + 1);
                 assert_eq!(v.value(&mut back).unwrap().copied(), want, "{b:?} {k}");
                 assert_eq!(m.get(&mut back, &1).unwrap(), None, "{b:?} {k}");
+                assert_eq!(a.get(&mut back).unwrap(), None, "{b:?} {k}");
                 // Each element expires on its own: the one added at 1 050 is left.
                 let left: Vec<u64> = want.into_iter().collect();
                 assert_eq!(l.get(&mut back).unwrap(), &left[..], "{b:?} {k}");

@@ -183,19 +183,7 @@ impl Trigger {
     }
 }
 
-/// Incremental aggregation of a window's records (Flink's `AggregateFunction`).
-pub trait AggregateFunction<T, R>: Clone + Send + Sync + 'static {
-    /// The running state of the aggregation.
-    type Acc: StateValue;
-    /// An empty accumulator.
-    fn create(&self) -> Self::Acc;
-    /// Adds a record.
-    fn add(&self, acc: &mut Self::Acc, value: T);
-    /// Folds `other` into `acc` (panes into a window, sessions into one).
-    fn merge(&self, acc: &mut Self::Acc, other: &Self::Acc);
-    /// The result.
-    fn result(&self, acc: &Self::Acc) -> R;
-}
+pub use crate::state::AggregateFunction;
 
 /// Evaluates a window with its key and bounds (Flink's `ProcessWindowFunction`); `input` is
 /// the aggregate (or, for [`CollectAll`], every record of the window).
