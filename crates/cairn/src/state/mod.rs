@@ -1156,15 +1156,7 @@ impl<K: Key> KeyedContext<K> {
         idx: usize,
         write: bool,
     ) -> TaskResult<(&mut CowMap<K, S>, &K)> {
-        let key = self
-            .current
-            .as_ref()
-            .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
-        let table = self
-            .tables
-            .get_mut(idx)
-            .and_then(|t| t.as_any_mut().downcast_mut::<Table<K, S>>())
-            .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))?;
+        let (key, table) = keyed_table::<K, S>(&self.current, &mut self.tables, idx)?;
         if table.disk.is_some() {
             table.load(key, write, self.rocks.as_ref(), self.max_parallelism)?;
         } else if table.map.is_frozen() {
@@ -1205,15 +1197,7 @@ impl<K: Key> KeyedContext<K> {
     /// Appends `value` to the current key's list (a list state without time-to-live). On
     /// disk, a list that is not cached is not read: the value waits to be merged into it.
     fn append<V: StateValue>(&mut self, idx: usize, value: V) -> TaskResult {
-        let key = self
-            .current
-            .as_ref()
-            .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
-        let table = self
-            .tables
-            .get_mut(idx)
-            .and_then(|t| t.as_any_mut().downcast_mut::<Table<K, Vec<V>>>())
-            .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))?;
+        let (key, table) = keyed_table::<K, Vec<V>>(&self.current, &mut self.tables, idx)?;
         if let (Some(disk), Some(rocks)) = (&mut table.disk, &self.rocks) {
             if !table.map.contains_key(key) && !disk.dirty.contains(key) {
                 if !disk.appends.contains_key(key) {
@@ -1444,6 +1428,22 @@ impl<K: Key> KeyedContext<K> {
         }
         Ok(snap)
     }
+}
+
+/// The key of the record being processed and the registered table `idx` as a `Table<K, S>`.
+fn keyed_table<'a, K: Key, S: StateValue>(
+    current: &'a Option<K>,
+    tables: &'a mut [Box<dyn ErasedTable<K>>],
+    idx: usize,
+) -> TaskResult<(&'a K, &'a mut Table<K, S>)> {
+    let key = current
+        .as_ref()
+        .ok_or_else(|| TaskError::msg("keyed state accessed outside of a keyed record"))?;
+    let table = tables
+        .get_mut(idx)
+        .and_then(|t| t.as_any_mut().downcast_mut::<Table<K, S>>())
+        .ok_or_else(|| TaskError::msg("state handle used with another operator's context"))?;
+    Ok((key, table))
 }
 
 /// The index of a clock's timers in [`KeyedContext::disk_timers`].
