@@ -46,8 +46,20 @@ pub mod keys {
         "execution.checkpointing.aligned-checkpoint-timeout";
     /// `state.backend.type`: `hashmap` or `rocksdb`.
     pub const STATE_BACKEND: &str = "state.backend.type";
-    /// `state.checkpoints.dir`: where completed checkpoints are stored (local path or `file://` URI).
+    /// `state.checkpoints.dir`: where completed checkpoints are stored (local path, `file://`
+    /// URI or `s3://bucket/prefix`).
     pub const CHECKPOINTS_DIR: &str = "state.checkpoints.dir";
+    /// `s3.endpoint`: the S3 service of `s3://` checkpoint storage (default: AWS, or
+    /// `AWS_ENDPOINT_URL`).
+    pub const S3_ENDPOINT: &str = "s3.endpoint";
+    /// `s3.region` (default `us-east-1`, or `AWS_REGION`).
+    pub const S3_REGION: &str = "s3.region";
+    /// `s3.access-key` (default `AWS_ACCESS_KEY_ID`).
+    pub const S3_ACCESS_KEY: &str = "s3.access-key";
+    /// `s3.secret-key` (default `AWS_SECRET_ACCESS_KEY`).
+    pub const S3_SECRET_KEY: &str = "s3.secret-key";
+    /// `s3.path.style.access`: address buckets by path (default: true with an endpoint).
+    pub const S3_PATH_STYLE: &str = "s3.path.style.access";
     /// Default target directory of savepoints.
     pub const SAVEPOINTS_DIR: &str = "state.savepoints.dir";
     /// `state.checkpoints.num-retained`: how many completed checkpoints are kept.
@@ -127,6 +139,11 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::ALIGNED_CHECKPOINT_TIMEOUT,
     keys::STATE_BACKEND,
     keys::CHECKPOINTS_DIR,
+    keys::S3_ENDPOINT,
+    keys::S3_REGION,
+    keys::S3_ACCESS_KEY,
+    keys::S3_SECRET_KEY,
+    keys::S3_PATH_STYLE,
     keys::SAVEPOINTS_DIR,
     keys::NUM_RETAINED,
     keys::INCREMENTAL,
@@ -601,8 +618,16 @@ pub struct JobConfig {
     pub aligned_checkpoint_timeout: Duration,
     /// `state.backend.type` (default `hashmap`).
     pub state_backend: StateBackendKind,
-    /// `state.checkpoints.dir` (plain path or `file://` URI; default unset).
+    /// `state.checkpoints.dir` when it is a local directory (plain path or `file://` URI;
+    /// default unset).
     pub checkpoints_dir: Option<PathBuf>,
+    /// `state.checkpoints.dir` when it is an S3 location (`s3://bucket/prefix`); then
+    /// `checkpoints_dir` is unset.
+    #[serde(default)]
+    pub checkpoints_s3: Option<crate::storage::S3Url>,
+    /// `s3.*`: how to reach the S3 service.
+    #[serde(default)]
+    pub s3: crate::storage::S3Settings,
     /// `state.savepoints.dir`: where savepoints go when a request names no directory.
     pub savepoints_dir: Option<PathBuf>,
     /// `state.checkpoints.num-retained` (default 1, >= 1).
@@ -648,6 +673,8 @@ impl Default for JobConfig {
             aligned_checkpoint_timeout: Duration::ZERO,
             state_backend: StateBackendKind::HashMap,
             checkpoints_dir: None,
+            checkpoints_s3: None,
+            s3: crate::storage::S3Settings::default(),
             savepoints_dir: None,
             num_retained: 1,
             incremental: false,
@@ -780,7 +807,21 @@ impl JobConfig {
             keys::UNALIGNED_ENABLED | keys::UNALIGNED_ALIAS => self.unaligned_enabled = p.bool()?,
             keys::ALIGNED_CHECKPOINT_TIMEOUT => self.aligned_checkpoint_timeout = p.duration()?,
             keys::STATE_BACKEND => self.state_backend = p.parse_enum("hashmap or rocksdb")?,
-            keys::CHECKPOINTS_DIR => self.checkpoints_dir = Some(p.checkpoint_dir()?),
+            keys::CHECKPOINTS_DIR => match p.s3_url()? {
+                Some(url) => {
+                    self.checkpoints_s3 = Some(url);
+                    self.checkpoints_dir = None;
+                }
+                None => {
+                    self.checkpoints_dir = Some(p.checkpoint_dir()?);
+                    self.checkpoints_s3 = None;
+                }
+            },
+            keys::S3_ENDPOINT => self.s3.endpoint = Some(p.non_empty()?),
+            keys::S3_REGION => self.s3.region = Some(p.non_empty()?),
+            keys::S3_ACCESS_KEY => self.s3.access_key = Some(p.non_empty()?),
+            keys::S3_SECRET_KEY => self.s3.secret_key = Some(p.non_empty()?),
+            keys::S3_PATH_STYLE => self.s3.path_style = Some(p.bool()?),
             keys::SAVEPOINTS_DIR => self.savepoints_dir = Some(p.checkpoint_dir()?),
             keys::NUM_RETAINED => self.num_retained = p.u32_min(1)?,
             keys::INCREMENTAL => self.incremental = p.bool()?,
@@ -924,6 +965,7 @@ impl JobConfig {
     /// their defaults (they would apply if that type were chosen).
     pub fn describe(&self) -> Vec<(String, String)> {
         use RestartStrategyConfig as R;
+        let not_set = || "(not set)".to_string();
         let restart = self.effective_restart_strategy();
         // Sub-keys of other strategy types show the defaults they would get.
         let others = [
@@ -949,9 +991,22 @@ impl JobConfig {
                     }
                     keys::ALIGNED_CHECKPOINT_TIMEOUT => d(self.aligned_checkpoint_timeout),
                     keys::STATE_BACKEND => self.state_backend.to_string(),
-                    keys::CHECKPOINTS_DIR => match &self.checkpoints_dir {
-                        Some(p) => p.display().to_string(),
-                        None => "(not set)".to_string(),
+                    keys::CHECKPOINTS_DIR => match (&self.checkpoints_dir, &self.checkpoints_s3) {
+                        (Some(p), _) => p.display().to_string(),
+                        (None, Some(url)) => url.to_string(),
+                        (None, None) => "(not set)".to_string(),
+                    },
+                    keys::S3_ENDPOINT => self.s3.endpoint.clone().unwrap_or_else(not_set),
+                    keys::S3_REGION => self.s3.region.clone().unwrap_or_else(not_set),
+                    keys::S3_ACCESS_KEY => self.s3.access_key.clone().unwrap_or_else(not_set),
+                    // Never shown.
+                    keys::S3_SECRET_KEY => match self.s3.secret_key {
+                        Some(_) => "(set)".to_string(),
+                        None => not_set(),
+                    },
+                    keys::S3_PATH_STYLE => match self.s3.path_style {
+                        Some(b) => b.to_string(),
+                        None => not_set(),
                     },
                     keys::SAVEPOINTS_DIR => match &self.savepoints_dir {
                         Some(p) => p.display().to_string(),
@@ -1020,11 +1075,14 @@ fn expected_for(key: &str) -> &'static str {
         | keys::UNALIGNED_ALIAS
         | keys::INCREMENTAL
         | keys::HEAP_COPY_ON_WRITE
+        | keys::S3_PATH_STYLE
         | keys::IGNORE_UNCLAIMED_STATE => "true or false",
-        keys::STATE_BACKEND => "hashmap or rocksdb",
-        keys::CHECKPOINTS_DIR | keys::SAVEPOINTS_DIR | keys::ROCKSDB_LOCAL_DIR => {
-            "a local directory path or a file:// URI"
+        keys::S3_ENDPOINT | keys::S3_REGION | keys::S3_ACCESS_KEY | keys::S3_SECRET_KEY => {
+            "a non-empty string"
         }
+        keys::STATE_BACKEND => "hashmap or rocksdb",
+        keys::CHECKPOINTS_DIR => "a local directory path, a file:// URI or s3://bucket/prefix",
+        keys::SAVEPOINTS_DIR | keys::ROCKSDB_LOCAL_DIR => "a local directory path or a file:// URI",
         keys::ROCKSDB_MEMORY => EXPECT_MEMORY,
         keys::RESTART_STRATEGY => {
             "one of none, off, disable, fixed-delay, failure-rate, exponential-delay"
@@ -1133,6 +1191,30 @@ impl ValueParser<'_> {
         match self.finite_f64() {
             Some(f) if (0.0..=1.0).contains(&f) => Ok(f),
             _ => Err(self.invalid(expected_for(keys::EXP_JITTER_FACTOR))),
+        }
+    }
+
+    /// An `s3://` (or `s3a://`, `s3p://`) location, or None for any other value.
+    fn s3_url(&self) -> Result<Option<crate::storage::S3Url>, ConfigError> {
+        let raw = self.raw.trim();
+        let lower = raw.to_ascii_lowercase();
+        if !["s3://", "s3a://", "s3p://"]
+            .iter()
+            .any(|s| lower.starts_with(s))
+        {
+            return Ok(None);
+        }
+        crate::storage::S3Url::parse(raw).map(Some).map_err(|why| {
+            self.invalid(&format!(
+                "a local directory, a file:// URI or s3://bucket/prefix ({why})"
+            ))
+        })
+    }
+
+    fn non_empty(&self) -> Result<String, ConfigError> {
+        match self.raw.trim() {
+            "" => Err(self.invalid("a non-empty string")),
+            s => Ok(s.to_string()),
         }
     }
 
@@ -1604,6 +1686,8 @@ mod tests {
             aligned_checkpoint_timeout: secs(30),
             state_backend: StateBackendKind::RocksDb,
             checkpoints_dir: Some(PathBuf::from("/var/cairn/ckpt")),
+            checkpoints_s3: None,
+            s3: crate::storage::S3Settings::default(),
             savepoints_dir: None,
             num_retained: 5,
             incremental: true,
@@ -1683,7 +1767,7 @@ mod tests {
             assert_eq!(c.checkpoints_dir, Some(PathBuf::from(expected)), "{input}");
         }
         for bad in [
-            "s3://bucket/ckpt",
+            "s3://",
             "hdfs://namenode:8020/ckpt",
             "hdfs:/ckpt",
             "file://otherhost/tmp",
@@ -1983,7 +2067,10 @@ mod tests {
             (keys::UNALIGNED_ALIAS, "1"),
             (keys::ALIGNED_CHECKPOINT_TIMEOUT, "5 years"),
             (keys::STATE_BACKEND, "filesystem"),
-            (keys::CHECKPOINTS_DIR, "s3://b/p"),
+            (keys::CHECKPOINTS_DIR, "s3:///p"),
+            (keys::SAVEPOINTS_DIR, "s3://b/p"),
+            (keys::S3_PATH_STYLE, "sometimes"),
+            (keys::S3_REGION, ""),
             (keys::NUM_RETAINED, "0"),
             (keys::INCREMENTAL, "maybe"),
             (keys::RESTART_STRATEGY, "sometimes"),
@@ -2226,6 +2313,44 @@ mod tests {
     // ---- describe / validate / misc -------------------------------------------------------
 
     #[test]
+    fn s3_checkpoint_storage_and_its_keys() {
+        let mut c = JobConfig::default();
+        c.set_all([
+            (keys::CHECKPOINTS_DIR, "s3://bucket/some/prefix/"),
+            (keys::S3_ENDPOINT, "http://127.0.0.1:9000"),
+            (keys::S3_ACCESS_KEY, "key"),
+            (keys::S3_SECRET_KEY, "very-secret"),
+            (keys::S3_PATH_STYLE, "true"),
+        ])
+        .unwrap();
+        let url = c.checkpoints_s3.clone().unwrap();
+        assert_eq!(
+            (url.bucket.as_str(), url.prefix.as_str()),
+            ("bucket", "some/prefix")
+        );
+        assert_eq!(c.checkpoints_dir, None);
+        assert_eq!(c.s3.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(c.s3.path_style, Some(true));
+        let described: std::collections::HashMap<_, _> = c.describe().into_iter().collect();
+        assert_eq!(described[keys::CHECKPOINTS_DIR], "s3://bucket/some/prefix");
+        assert_eq!(described[keys::S3_SECRET_KEY], "(set)");
+        assert!(!format!("{:?}", c.describe()).contains("very-secret"));
+        // A local directory afterwards replaces it.
+        c.set(keys::CHECKPOINTS_DIR, "/data/ckpt").unwrap();
+        assert_eq!(c.checkpoints_s3, None);
+        // Bad values name the key.
+        for (k, v) in [
+            (keys::CHECKPOINTS_DIR, "s3://"),
+            (keys::CHECKPOINTS_DIR, "s3://b/../x"),
+            (keys::S3_PATH_STYLE, "sometimes"),
+            (keys::S3_ENDPOINT, " "),
+        ] {
+            let err = JobConfig::default().set(k, v).unwrap_err().to_string();
+            assert!(err.contains(k), "{err}");
+        }
+    }
+
+    #[test]
     fn describe_lists_every_key_with_rendered_values() {
         let mut c = JobConfig::default();
         c.set_all([
@@ -2298,7 +2423,13 @@ mod tests {
                 "{key} has no expectation"
             );
             // Every key is recognised by set(): a garbage value is InvalidValue, not UnknownKey.
-            let err = JobConfig::default().set(key, "s3://x").unwrap_err();
+            // (The s3.* strings take any non-empty value.)
+            let garbage = if key.starts_with("s3.") && *key != keys::S3_PATH_STYLE {
+                " "
+            } else {
+                "s3://"
+            };
+            let err = JobConfig::default().set(key, garbage).unwrap_err();
             assert!(
                 matches!(err, ConfigError::InvalidValue { .. }),
                 "{key}: {err}"

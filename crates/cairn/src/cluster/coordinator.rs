@@ -163,6 +163,11 @@ impl Coordinator {
             other => other.or(built.restore),
         };
         let (graph, mut config) = (built.graph, built.config);
+        if let Some(url) = &config.checkpoints_s3 {
+            return Err(format!(
+                "state.checkpoints.dir: {url}: a coordinator keeps checkpoints in its --checkpoint-dir; S3 checkpoint storage is supported by `cairn run` (embedded)"
+            ));
+        }
         config.checkpoints_dir = Some(self.inner.opts.checkpoint_dir.clone());
         if config.checkpoint_interval.is_none() {
             config.checkpoint_interval = Some(Duration::from_secs(1));

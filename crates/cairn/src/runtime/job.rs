@@ -28,7 +28,7 @@ use crate::checkpoint::{
     LoadedCheckpoint,
 };
 use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig};
-use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
+use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage, S3Storage};
 
 /// Where a run starts from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,14 +182,9 @@ pub fn run_job_with(
     let checkpointing = config.checkpointing_enabled();
     let metrics = opts.metrics.clone().unwrap_or_default();
 
-    // Checkpoint storage: the configured directory, or coordinator memory.
-    let fs_storage: Option<Arc<FsStorage>> = match &config.checkpoints_dir {
-        Some(dir) => Some(Arc::new(
-            FsStorage::open(dir).map_err(|e| JobError::Setup(e.to_string()))?,
-        )),
-        None => None,
-    };
-    let storage: Arc<dyn CheckpointStorage> = match &fs_storage {
+    // Checkpoint storage: the configured directory or S3 location, or coordinator memory.
+    let (dir_storage, fs_root) = open_checkpoint_storage(config)?;
+    let storage: Arc<dyn CheckpointStorage> = match &dir_storage {
         Some(s) => s.clone(),
         None => Arc::new(MemoryStorage::new()),
     };
@@ -210,7 +205,7 @@ pub fn run_job_with(
         otherwise,
     }) = &opts.restore
     {
-        let Some(fs) = &fs_storage else {
+        let Some(fs) = &dir_storage else {
             return Err(JobError::Restore(format!(
                 "job {resumed} cannot be resumed without a checkpoint directory"
             )));
@@ -232,7 +227,7 @@ pub fn run_job_with(
     match &restore {
         None | Some(RestoreFrom::Resume { .. }) => {}
         Some(RestoreFrom::Latest) => {
-            let Some(fs) = &fs_storage else {
+            let Some(fs) = &dir_storage else {
                 return Err(JobError::Restore(
                     "--from latest needs a checkpoint directory (--checkpoint-dir or state.checkpoints.dir)".into(),
                 ));
@@ -268,8 +263,8 @@ pub fn run_job_with(
             // the job's first retained checkpoint.
             let (c, _) = load_from_path(p).map_err(JobError::Restore)?;
             if config.claim_restored {
-                let own_root = match (&fs_storage, &c.storage_root) {
-                    (Some(fs), Some(root)) => fs.root() == root.as_path() && !c.self_contained,
+                let own_root = match (&fs_root, &c.storage_root) {
+                    (Some(fs), Some(root)) => fs == root && !c.self_contained,
                     _ => false,
                 };
                 if own_root {
@@ -435,4 +430,23 @@ pub fn run_job_with(
         started_fresh,
         savepoints: status.view().savepoints,
     })
+}
+
+/// The checkpoint storage `state.checkpoints.dir` names (a local directory or an S3
+/// location), and the local directory's root; `(None, None)` when it is not set.
+#[allow(clippy::type_complexity)]
+fn open_checkpoint_storage(
+    config: &JobConfig,
+) -> Result<(Option<Arc<dyn CheckpointStorage>>, Option<PathBuf>), JobError> {
+    let setup = |e: crate::storage::StorageError| JobError::Setup(e.to_string());
+    if let Some(dir) = &config.checkpoints_dir {
+        let fs = FsStorage::open(dir).map_err(setup)?;
+        let root = fs.root().to_path_buf();
+        return Ok((Some(Arc::new(fs)), Some(root)));
+    }
+    if let Some(url) = &config.checkpoints_s3 {
+        let s3 = S3Storage::open(url, &config.s3).map_err(setup)?;
+        return Ok((Some(Arc::new(s3)), None));
+    }
+    Ok((None, None))
 }

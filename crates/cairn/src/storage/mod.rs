@@ -15,8 +15,8 @@
 //! Every file is framed by [`format`](mod@format) (magic, kind, version, length, CRC32),
 //! so a torn or corrupt file is never read as state.
 //!
-//! Implementations: [`FsStorage`] (a local or mounted directory) and
-//! [`MemoryStorage`] (in memory, for tests).
+//! Implementations: [`FsStorage`] (a local or mounted directory), [`S3Storage`] (an S3
+//! bucket, `s3://bucket/prefix`) and [`MemoryStorage`] (in memory, for tests).
 //!
 //! Paths are relative and `/`-separated. Absolute paths, empty components
 //! (`a//b`, a trailing `/`), `.` and `..` components, and components holding
@@ -34,9 +34,11 @@ pub mod format;
 mod fs;
 pub mod layout;
 mod memory;
+mod s3;
 
 pub use fs::FsStorage;
 pub use memory::MemoryStorage;
+pub use s3::{S3Settings, S3Storage, S3Url};
 
 /// Errors of checkpoint storage operations.
 #[derive(Debug, Error)]
