@@ -16,6 +16,13 @@
 //! is aligned, the job never finishes with pre-committed output left uncommitted, and it
 //! finishes.
 //!
+//! The sinks' external system is transactional, as PostgreSQL (two-phase commit) and Kafka
+//! are: a transaction is prepared at pre-commit and survives crashes until a sink commits or
+//! rolls it back. A restored sink commits the restored checkpoint's transactions (also those
+//! whose checkpoint completed while the process died before committing) and then rolls back
+//! its others. Committing a transaction the system rolled back, or finishing with a prepared
+//! transaction left in the system (a lingering transaction), is a violation.
+//!
 //! Commands (README, "Testing"):
 //! - `cargo test --release -p cairn --lib sim` runs 10,000 seeds and the planted-bug tests;
 //! - `CAIRN_SIM_SEEDS=1000000 cargo test --release -p cairn --lib sim::tests::every` soaks;
@@ -195,6 +202,8 @@ mod tests {
             "savepoints",
             "stop savepoints",
             "runs resumed from a stop savepoint",
+            "restores that committed a prepared transaction",
+            "restores that rolled back prepared transactions",
         ] {
             assert!(
                 stats.get(what).copied().unwrap_or(0) * 1000 >= runs,
@@ -295,6 +304,21 @@ mod tests {
     #[test]
     fn finds_a_savepoint_that_commits_side_effects() {
         finds(Planted::SavepointCommits, &Mode::ALL, 5_000);
+    }
+
+    /// Two-phase commit with an external system: a restored sink commits the restored
+    /// checkpoint's prepared transactions before it rolls back the rest. Rolling back first
+    /// loses the output of a checkpoint that completed while its commit never happened.
+    #[test]
+    fn finds_a_sink_that_rolls_back_a_completed_checkpoint_s_transaction() {
+        finds(Planted::RollsBackBeforeCommit, &Mode::ALL, 5_000);
+    }
+
+    /// A restored sink rolls back the prepared transactions of checkpoints that never
+    /// completed (Flink's lingering transactions).
+    #[test]
+    fn finds_a_sink_that_leaves_prepared_transactions_behind() {
+        finds(Planted::LeavesPreparedTransactions, &Mode::ALL, 5_000);
     }
 
     /// Defect 3.2: a sink must not finish before it learns that the final checkpoint completed.

@@ -128,6 +128,13 @@ pub(crate) enum Planted {
     DrainAfterBarrier,
     /// A source restored from a drained stop reads on as if event time had not ended.
     DrainedSourceReadsOn,
+    /// A restored sink rolls back all of its prepared transactions in the external system
+    /// before it commits the restored checkpoint's (the transaction of a checkpoint that
+    /// completed before the process died, uncommitted, is lost).
+    RollsBackBeforeCommit,
+    /// A restored sink commits the restored checkpoint's transactions but leaves the
+    /// prepared ones of later, never completed checkpoints in the external system.
+    LeavesPreparedTransactions,
     /// The coordinator deletes every unreferenced shared file at a completion, also those a
     /// newer checkpoint in flight just uploaded.
     SharedGcIgnoresInFlight,
@@ -367,6 +374,11 @@ pub(crate) struct World {
     completed: usize,
     /// What the sinks committed, by (sink, transaction); survives everything.
     external: BTreeMap<(usize, Txn), Vec<(u64, u64)>>,
+    /// The external system's prepared transactions (PostgreSQL's `PREPARE TRANSACTION`, a
+    /// flushed Kafka transaction), by (sink, transaction): written at pre-commit, they
+    /// survive crashes until a sink commits or rolls them back. A commit of one the system
+    /// no longer holds, and any left when the job finishes, are violations.
+    prepared: BTreeMap<(usize, Txn), Vec<(u64, u64)>>,
     failure_budget: u32,
     /// Savepoints the user still asks for in this run.
     savepoints_left: u32,
@@ -577,6 +589,7 @@ impl World {
             files: BTreeMap::new(),
             completed: 0,
             external: BTreeMap::new(),
+            prepared: BTreeMap::new(),
             failure_budget,
             savepoints_left: 0,
             savepoint_target: MemoryStorage::new(),
@@ -910,11 +923,11 @@ impl World {
                 seen: vec![i64::MIN; self.inputs[t].len()],
             }
         } else {
-            if let Some(State::Sink(pending)) = state {
-                for (txn, out) in pending {
-                    self.external.entry((t, txn)).or_insert(out);
-                }
-            }
+            let pending = match state {
+                Some(State::Sink(pending)) => pending,
+                _ => Vec::new(),
+            };
+            self.restore_sink(t, pending);
             Body::Sink {
                 current: Vec::new(),
                 pre_committed: Vec::new(),
@@ -1249,6 +1262,49 @@ impl World {
         }
     }
 
+    /// Commits a prepared transaction in the external system (idempotently: one already
+    /// committed stays so). One the system no longer holds was rolled back: its output is lost.
+    fn commit_prepared(&mut self, sink: usize, txn: Txn) {
+        if let Some(out) = self.prepared.remove(&(sink, txn)) {
+            self.external.insert((sink, txn), out);
+        } else if self.external.contains_key(&(sink, txn)) {
+            self.count("repeated commits of a committed transaction");
+        } else {
+            self.violate(format!(
+                "sink {sink} commits transaction {txn:?}, which the external system rolled back"
+            ));
+        }
+    }
+
+    /// A sink subtask starts (fresh or restored): it commits the restored checkpoint's
+    /// pre-committed transactions and rolls back its other prepared ones (those of later
+    /// checkpoints, which never completed, or of a crashed attempt), as the PostgreSQL and
+    /// Kafka sinks do in `Sink::initialize`.
+    fn restore_sink(&mut self, sink: usize, pending: Vec<(Txn, Vec<(u64, u64)>)>) {
+        let planted = self.cfg.planted;
+        let roll_back = |prepared: &mut BTreeMap<(usize, Txn), _>| {
+            prepared.retain(|&(s, _), _| s != sink);
+        };
+        if planted == Some(Planted::RollsBackBeforeCommit) {
+            roll_back(&mut self.prepared);
+        }
+        for (txn, _) in pending {
+            if self.prepared.contains_key(&(sink, txn)) {
+                // The checkpoint completed but the commit never happened (the process died
+                // in between, or before it learnt of the completion).
+                self.count("restores that committed a prepared transaction");
+            }
+            self.commit_prepared(sink, txn);
+        }
+        let lingering = self.prepared.keys().filter(|(s, _)| *s == sink).count();
+        if lingering > 0 {
+            self.count("restores that rolled back prepared transactions");
+            if planted != Some(Planted::LeavesPreparedTransactions) {
+                roll_back(&mut self.prepared);
+            }
+        }
+    }
+
     fn state_of(&mut self, task: usize, id: u64) -> State {
         let commit_now = self.cfg.planted == Some(Planted::CommitAtPreCommit);
         let txn = (id, self.tasks[task].attempt);
@@ -1271,6 +1327,7 @@ impl World {
                 if commit_now {
                     self.external.insert((task, txn), out);
                 } else if !out.is_empty() {
+                    self.prepared.insert((task, txn), out.clone());
                     pre_committed.push((txn, out));
                 }
                 State::Sink(pre_committed.clone())
@@ -1362,8 +1419,8 @@ impl World {
                         .into_iter()
                         .partition(|(t, _)| t.0 <= id);
                     *pre_committed = keep;
-                    for (txn, out) in done {
-                        self.external.entry((task, txn)).or_insert(out);
+                    for (txn, _) in done {
+                        self.commit_prepared(task, txn);
                     }
                 }
             }
@@ -2185,6 +2242,12 @@ impl World {
                     ));
                 }
             }
+        }
+        if let Some(((sink, txn), _)) = self.prepared.iter().next() {
+            let (sink, txn, n) = (*sink, *txn, self.prepared.len());
+            return self.violate(format!(
+                "the job finished with {n} prepared transaction(s) left in the external system, e.g. sink {sink}'s {txn:?}"
+            ));
         }
         let mut expected: BTreeMap<u64, u64> = BTreeMap::new();
         for keys in &self.input {
