@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::human;
 
+mod s3;
 mod savepoint;
 mod state;
 
@@ -43,7 +44,8 @@ pub struct BenchArgs {
     /// checkpoints, peak RSS and ratios to Flink's per-core figures; `savepoint`: a checkpoint
     /// vs a savepoint of the same state, and the time a stop-with-savepoint takes; `state`: the
     /// heap and RocksDB backends (throughput, checkpoint uploads, RSS), the heap's synchronous
-    /// pause by key count, and state larger than RocksDB's memory budget.
+    /// pause by key count, and state larger than RocksDB's memory budget; `s3`: checkpoint
+    /// durations on the local S3 server against the local filesystem.
     #[arg(long, default_value = "throughput")]
     suite: String,
 }
@@ -846,10 +848,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "s3" => {
+            let r = s3::run(&args, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3"
             )
         }
     }
