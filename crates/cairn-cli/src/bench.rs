@@ -11,13 +11,14 @@ use clap::Args;
 
 use crate::human;
 
+mod postgres;
 mod savepoint;
 mod state;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Records to generate per run [default: 20000000; `savepoint`: until the benchmark stops
-    /// the job].
+    /// the job; `postgres`: 2000000].
     #[arg(long)]
     records: Option<u64>,
     /// Distinct words [default: 100000; `savepoint`: 100000,10000000, one run each].
@@ -43,7 +44,10 @@ pub struct BenchArgs {
     /// checkpoints, peak RSS and ratios to Flink's per-core figures; `savepoint`: a checkpoint
     /// vs a savepoint of the same state, and the time a stop-with-savepoint takes; `state`: the
     /// heap and RocksDB backends (throughput, checkpoint uploads, RSS), the heap's synchronous
-    /// pause by key count, and state larger than RocksDB's memory budget.
+    /// pause by key count, and state larger than RocksDB's memory budget; `postgres`: the
+    /// PostgreSQL sink modes (2pc, upsert, wal) with 1s checkpoints against --discard
+    /// (CAIRN_BENCH_PG_URL, default: the scripts/service-postgres server) [--records default:
+    /// 2000000].
     #[arg(long, default_value = "throughput")]
     suite: String,
 }
@@ -846,10 +850,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "postgres" => {
+            let r = postgres::run(&args, &exe, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, postgres"
             )
         }
     }

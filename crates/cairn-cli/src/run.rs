@@ -69,7 +69,12 @@ pub struct RunArgs {
     /// checkpoint; one row per update), upsert (one row per word with its latest count,
     /// idempotent) or wal (rows kept in state until their checkpoint completes, then written
     /// with a commit record; one row per update).
-    #[arg(long, value_name = "MODE", requires = "pg_output", default_value = "2pc")]
+    #[arg(
+        long,
+        value_name = "MODE",
+        requires = "pg_output",
+        default_value = "2pc"
+    )]
     pg_mode: String,
     /// Default parallelism of every operator (parallelism.default).
     #[arg(long, short = 'p', value_name = "N")]

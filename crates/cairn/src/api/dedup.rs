@@ -86,7 +86,12 @@ impl<K: Key, T: Send + 'static> KeyedProcessFunction<K, T, T> for Deduplicate {
         Ok(())
     }
 
-    fn process(&mut self, record: T, ctx: &mut KeyedContext<K>, out: &mut Collector<T>) -> TaskResult {
+    fn process(
+        &mut self,
+        record: T,
+        ctx: &mut KeyedContext<K>,
+        out: &mut Collector<T>,
+    ) -> TaskResult {
         let now = match self.horizon {
             DedupHorizon::EventTime(_) => ctx.timestamp().ok_or_else(|| {
                 TaskError::Unrecoverable(
@@ -182,9 +187,14 @@ mod tests {
     fn op(index: u32, parallelism: u32, tables: HashMap<String, KeyedTableData>) -> Op {
         let ctx = KeyedContext::new(index, parallelism, 128, tables);
         let horizon = DedupHorizon::EventTime(Duration::from_millis(HORIZON_MS as u64));
-        KeyedProcessOp::new("dedup".into(), key as fn(&Rec) -> u32, Deduplicate::new(horizon), ctx)
-            .unwrap()
-            .with_timestamps(Some(std::sync::Arc::new(ts)))
+        KeyedProcessOp::new(
+            "dedup".into(),
+            key as fn(&Rec) -> u32,
+            Deduplicate::new(horizon),
+            ctx,
+        )
+        .unwrap()
+        .with_timestamps(Some(std::sync::Arc::new(ts)))
     }
 
     fn run(op: &mut Op, records: &[Rec]) -> Vec<Rec> {
@@ -199,7 +209,10 @@ mod tests {
 
     fn tables(snap: OperatorSnapshot) -> HashMap<String, KeyedTableData> {
         let data = snap.finish().unwrap();
-        data.keyed.into_iter().map(|t| (t.name.clone(), t)).collect()
+        data.keyed
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect()
     }
 
     fn snapshot(op: &mut Op, id: u64) -> HashMap<String, KeyedTableData> {
@@ -227,7 +240,10 @@ mod tests {
         again.extend((50..60).map(|i| (i, 60)));
         assert_eq!(run(&mut op, &again), again[30..].to_vec());
         // Within one batch as well.
-        assert_eq!(run(&mut op, &[(70, 61), (70, 62), (71, 61)]), vec![(70, 61), (71, 61)]);
+        assert_eq!(
+            run(&mut op, &[(70, 61), (70, 62), (71, 61)]),
+            vec![(70, 61), (71, 61)]
+        );
     }
 
     #[test]
@@ -242,8 +258,16 @@ mod tests {
         assert_eq!(run(&mut op, &[(1, HORIZON_MS + 5)]), vec![]);
         // The watermark passing an id's horizon forgets it: a late duplicate passes then.
         watermark(&mut op, 150);
-        assert_eq!(run(&mut op, &[(2, 60)]), vec![(2, 60)], "id 2 was forgotten at 150");
-        assert_eq!(run(&mut op, &[(1, 110)]), vec![], "id 1 is remembered until 200");
+        assert_eq!(
+            run(&mut op, &[(2, 60)]),
+            vec![(2, 60)],
+            "id 2 was forgotten at 150"
+        );
+        assert_eq!(
+            run(&mut op, &[(1, 110)]),
+            vec![],
+            "id 1 is remembered until 200"
+        );
         watermark(&mut op, 200);
         assert_eq!(run(&mut op, &[(1, 110)]), vec![(1, 110)]);
     }
@@ -267,7 +291,11 @@ mod tests {
             }
             watermark(&mut op, t + HORIZON_MS);
         }
-        assert_eq!(seen_ids(snapshot(&mut op, 2)), 0, "every id's horizon passed");
+        assert_eq!(
+            seen_ids(snapshot(&mut op, 2)),
+            0,
+            "every id's horizon passed"
+        );
     }
 
     #[test]
@@ -279,7 +307,11 @@ mod tests {
         // snapshot had.
         run(&mut op1, &[(500, 1)]);
         let mut op2 = op(0, 1, restored);
-        assert_eq!(run(&mut op2, &burst(100, 10)), vec![], "all seen before the snapshot");
+        assert_eq!(
+            run(&mut op2, &burst(100, 10)),
+            vec![],
+            "all seen before the snapshot"
+        );
         assert_eq!(run(&mut op2, &[(500, 1)]), vec![(500, 1)]);
         // Its timers came along: the horizon still ends.
         watermark(&mut op2, HORIZON_MS);
@@ -341,22 +373,36 @@ mod tests {
     fn an_event_time_horizon_needs_timestamps() {
         let ctx = KeyedContext::new(0, 1, 128, HashMap::new());
         let horizon = DedupHorizon::EventTime(Duration::from_millis(5));
-        let mut op: Op =
-            KeyedProcessOp::new("dedup".into(), key as fn(&Rec) -> u32, Deduplicate::new(horizon), ctx)
-                .unwrap();
+        let mut op: Op = KeyedProcessOp::new(
+            "dedup".into(),
+            key as fn(&Rec) -> u32,
+            Deduplicate::new(horizon),
+            ctx,
+        )
+        .unwrap();
         let e = op.process(&mut vec![(1, 0)], &mut Vec::new()).unwrap_err();
-        assert!(e.to_string().contains("needs records with timestamps"), "{e}");
+        assert!(
+            e.to_string().contains("needs records with timestamps"),
+            "{e}"
+        );
     }
 
     #[test]
     fn a_processing_time_horizon_forgets_when_its_timer_fires() {
         let ctx = KeyedContext::new(0, 1, 128, HashMap::new());
         let horizon = DedupHorizon::ProcessingTime(Duration::from_secs(3600));
-        let mut op: Op =
-            KeyedProcessOp::new("dedup".into(), key as fn(&Rec) -> u32, Deduplicate::new(horizon), ctx)
-                .unwrap();
+        let mut op: Op = KeyedProcessOp::new(
+            "dedup".into(),
+            key as fn(&Rec) -> u32,
+            Deduplicate::new(horizon),
+            ctx,
+        )
+        .unwrap();
         let now = crate::checkpoint::now_ms() as i64;
-        assert_eq!(run(&mut op, &[(1, 0), (1, 0), (2, 0)]), vec![(1, 0), (2, 0)]);
+        assert_eq!(
+            run(&mut op, &[(1, 0), (1, 0), (2, 0)]),
+            vec![(1, 0), (2, 0)]
+        );
         assert_eq!(run(&mut op, &[(2, 0)]), vec![]);
         op.on_processing_time(now + 3_600_000 + 60_000, &mut Vec::new())
             .unwrap();

@@ -148,7 +148,10 @@ pub fn build(args: &BackpressureArgs) -> Result<JobGraph, String> {
             counts.sink(ThrottledSink::new(DiscardSink, args.sink_rate))
         }
         WordOutput::Postgres { .. } => {
-            return Err("backpressure writes to files or discards: --pg-output is a flag of wordcount".into())
+            return Err(
+                "backpressure writes to files or discards: --pg-output is a flag of wordcount"
+                    .into(),
+            )
         }
     };
     sink.uid("sink").name("throttled-sink");

@@ -154,7 +154,10 @@ pub fn source_records(args: &NexmarkArgs) -> Result<u64, String> {
 pub fn build(args: &NexmarkArgs, output: &WordOutput) -> Result<JobGraph, String> {
     args.validate()?;
     if matches!(output, WordOutput::Postgres { .. }) {
-        return Err("nexmark writes to files, prints or discards: --pg-output is a flag of wordcount".into());
+        return Err(
+            "nexmark writes to files, prints or discards: --pg-output is a flag of wordcount"
+                .into(),
+        );
     }
     let env = StreamEnv::new();
     let source = NexmarkSource::new(args.events, args.generator());

@@ -27,7 +27,10 @@ pub fn build(count: u64, keys: u64, output: &WordOutput) -> Result<JobGraph, Str
             }
             WordOutput::Discard | WordOutput::Print => counts.sink(DiscardSink),
             WordOutput::Postgres { .. } => {
-                return Err("pipelines writes to files or discards: --pg-output is a flag of wordcount".into())
+                return Err(
+                    "pipelines writes to files or discards: --pg-output is a flag of wordcount"
+                        .into(),
+                )
             }
         };
         sink.uid(&format!("{name}-sink"))

@@ -32,11 +32,11 @@ use tracing::info;
 pub use client::Target;
 pub use two_phase::{parse_gid, Gid};
 
-use client::{create_table, Pg};
 use crate::connectors::Word;
 use crate::error::TaskResult;
 use crate::failpoint;
 use crate::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkOwner, SinkWriter};
+use client::{create_table, Pg};
 
 /// Updates a 2pc or upsert writer buffers before it sends them (besides at every barrier).
 const FLUSH_ROWS_MAX: usize = 2048;
@@ -59,9 +59,7 @@ impl FromStr for PgMode {
             "2pc" => Ok(PgMode::TwoPhase),
             "upsert" => Ok(PgMode::Upsert),
             "wal" => Ok(PgMode::Wal),
-            other => Err(format!(
-                "--pg-mode '{other}': expected 2pc, upsert or wal"
-            )),
+            other => Err(format!("--pg-mode '{other}': expected 2pc, upsert or wal")),
         }
     }
 }
@@ -121,7 +119,14 @@ impl PostgresSink {
         let what = format!("cannot write table {}", t.table);
         let statement = pg.prepare(&what, &probe)?;
         let (words, counts): (Vec<&str>, Vec<i64>) = (Vec::new(), Vec::new());
-        pg.execute(&what, &statement, &[&words, &counts])?;
+        pg.execute(&what, &statement, &[&words, &counts])
+            .map_err(|e| match self.mode {
+                PgMode::Upsert if e.to_string().contains("SQLSTATE 42P10") => e.context(format!(
+                    "--pg-mode upsert needs a primary key or unique index on {}(word) (a table created by 2pc or wal has none)",
+                    t.table
+                )),
+                _ => e,
+            })?;
         if self.mode == PgMode::Wal {
             let commits = format!("{}_cairn_commits", t.table);
             create_table(pg, &commits, &wal::commits_ddl(t))?;

@@ -368,8 +368,7 @@ impl SinkWriter<(Word, u64)> for TwoPhaseWriter {
         // Without checkpoints the end of input is the only commit point.
         self.flush()?;
         if self.open {
-            self.data
-                .batch("cannot commit the transaction", "COMMIT")?;
+            self.data.batch("cannot commit the transaction", "COMMIT")?;
             self.open = false;
         }
         Ok(())
