@@ -11,6 +11,9 @@
 //! `INSERT … SELECT * FROM unnest($1::text[], $2::bigint[])` carries up to
 //! [`client::STATEMENT_ROWS_MAX`] rows.
 //!
+//! With checkpointing off nothing is replayed (at most once): 2pc commits its one transaction
+//! per subtask at the end of input, as the file sink does; upsert and wal write as batches fill.
+//!
 //! Connections are plain TCP (no TLS), one per writer (two for 2pc: `COMMIT PREPARED` cannot
 //! run inside the next transaction), each driven by its own current-thread tokio runtime.
 //! [`PostgresSink::initialize`] connects before any writer exists and checks what can be
