@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::human;
 
+mod postgres;
 mod s3;
 mod savepoint;
 mod state;
@@ -18,7 +19,7 @@ mod state;
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Records to generate per run [default: 20000000; `savepoint`: until the benchmark stops
-    /// the job].
+    /// the job; `postgres`: 2000000].
     #[arg(long)]
     records: Option<u64>,
     /// Distinct words [default: 100000; `savepoint`: 100000,10000000, one run each].
@@ -45,7 +46,10 @@ pub struct BenchArgs {
     /// vs a savepoint of the same state, and the time a stop-with-savepoint takes; `state`: the
     /// heap and RocksDB backends (throughput, checkpoint uploads, RSS), the heap's synchronous
     /// pause by key count, and state larger than RocksDB's memory budget; `s3`: checkpoint
-    /// durations on the local S3 server against the local filesystem.
+    /// durations on the local S3 server against the local filesystem; `postgres`: the
+    /// PostgreSQL sink modes (2pc, upsert, wal) with 1s checkpoints against --discard
+    /// (CAIRN_BENCH_PG_URL, default: the scripts/service-postgres server) [--records default:
+    /// 2000000].
     #[arg(long, default_value = "throughput")]
     suite: String,
 }
@@ -853,10 +857,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "postgres" => {
+            let r = postgres::run(&args, &exe, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres"
             )
         }
     }

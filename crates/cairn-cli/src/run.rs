@@ -58,6 +58,24 @@ pub struct RunArgs {
     /// Discard the output (benchmarks).
     #[arg(long)]
     discard: bool,
+    /// wordcount: write the counts into PostgreSQL instead, e.g.
+    /// postgres://cairn:cairn@127.0.0.1:55432/cairn (plain TCP, no TLS); needs --pg-table.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["output", "discard"], requires = "pg_table")]
+    pg_output: Option<String>,
+    /// The table --pg-output writes: TABLE or SCHEMA.TABLE, created if it does not exist.
+    #[arg(long, value_name = "NAME", requires = "pg_output")]
+    pg_table: Option<String>,
+    /// How --pg-output writes exactly once: 2pc (prepared transactions committed with the
+    /// checkpoint; one row per update), upsert (one row per word with its latest count,
+    /// idempotent) or wal (rows kept in state until their checkpoint completes, then written
+    /// with a commit record; one row per update).
+    #[arg(
+        long,
+        value_name = "MODE",
+        requires = "pg_output",
+        default_value = "2pc"
+    )]
+    pg_mode: String,
     /// Default parallelism of every operator (parallelism.default).
     #[arg(long, short = 'p', value_name = "N")]
     parallelism: Option<u32>,
@@ -347,6 +365,10 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
         (None, true) => WordOutput::Discard,
         _ => WordOutput::Print,
     };
+    let output = match &args.pg_output {
+        Some(url) => postgres_output(args, url)?,
+        None => output,
+    };
     if args.job == "nexmark" {
         let nexmark = nexmark_args(args)?;
         let graph = nexmark::build(&nexmark, &output).map_err(|e| anyhow!(e))?;
@@ -396,6 +418,19 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
     }
     .map_err(|e| anyhow!(e))?;
     Ok((graph, config, JobInput::Words(input)))
+}
+
+/// `--pg-output URL --pg-table NAME --pg-mode MODE` (wordcount only).
+fn postgres_output(args: &RunArgs, url: &str) -> Result<WordOutput> {
+    if args.job != "wordcount" {
+        bail!("--pg-output is a flag of wordcount, not of {}", args.job);
+    }
+    let mode: cairn::connectors::PgMode = args.pg_mode.parse().map_err(|e: String| anyhow!(e))?;
+    Ok(WordOutput::Postgres {
+        url: url.to_string(),
+        table: args.pg_table.clone().unwrap_or_default(),
+        mode,
+    })
 }
 
 /// `cairn run`'s flags on their own, to parse a submitted job's flags.

@@ -22,6 +22,9 @@
 
 pub use crate::runtime::functions;
 
+mod dedup;
+pub use dedup::{DedupHorizon, Deduplicate, DEDUP_STATE};
+
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::marker::PhantomData;

@@ -60,7 +60,7 @@ fn in_progress_name(base: &str) -> String {
 
 /// Escapes a job id or uid for a file name: no `-` (the separator of the name's fields), no
 /// `/`, nothing a filesystem might refuse.
-fn escape(s: &str) -> String {
+pub(super) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b == b'_' || b == b'.' {

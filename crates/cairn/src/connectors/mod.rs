@@ -8,6 +8,7 @@ mod file_sink;
 mod file_source;
 mod generator;
 mod nexmark;
+pub mod postgres;
 mod sequence;
 mod simple_sinks;
 mod throttled;
@@ -19,6 +20,7 @@ pub use nexmark::{
     Auction, Bid, EventKind, NexmarkEvent, NexmarkGenerator, NexmarkSource, Person, BASE_TIME_MS,
     DEFAULT_RATE,
 };
+pub use postgres::{PgMode, PostgresSink};
 pub use sequence::SequenceSource;
 pub use simple_sinks::{DiscardSink, PrintSink};
 pub use throttled::ThrottledSink;

@@ -147,6 +147,12 @@ pub fn build(args: &BackpressureArgs) -> Result<JobGraph, String> {
         WordOutput::Discard | WordOutput::Print => {
             counts.sink(ThrottledSink::new(DiscardSink, args.sink_rate))
         }
+        WordOutput::Postgres { .. } => {
+            return Err(
+                "backpressure writes to files or discards: --pg-output is a flag of wordcount"
+                    .into(),
+            )
+        }
     };
     sink.uid("sink").name("throttled-sink");
     env.build("backpressure")

@@ -153,6 +153,12 @@ pub fn source_records(args: &NexmarkArgs) -> Result<u64, String> {
 /// Builds the query's job graph.
 pub fn build(args: &NexmarkArgs, output: &WordOutput) -> Result<JobGraph, String> {
     args.validate()?;
+    if matches!(output, WordOutput::Postgres { .. }) {
+        return Err(
+            "nexmark writes to files, prints or discards: --pg-output is a flag of wordcount"
+                .into(),
+        );
+    }
     let env = StreamEnv::new();
     let source = NexmarkSource::new(args.events, args.generator());
     let events = || {
@@ -269,7 +275,8 @@ fn sink<T: Data>(rows: DataStream<T>, output: &WordOutput, encode: fn(&T, &mut V
     let encoder: Encoder<T> = Arc::new(encode);
     let sink = match output {
         WordOutput::Dir(dir) => rows.sink(FileSink::new(dir, encoder)).name("file-sink"),
-        WordOutput::Discard => rows.sink(DiscardSink).name("discard"),
+        // `build` refuses a PostgreSQL output before any query is built.
+        WordOutput::Discard | WordOutput::Postgres { .. } => rows.sink(DiscardSink).name("discard"),
         WordOutput::Print => rows.sink(PrintSink::new(encoder)).name("print"),
     };
     sink.uid("sink");

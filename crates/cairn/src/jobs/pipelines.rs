@@ -26,6 +26,12 @@ pub fn build(count: u64, keys: u64, output: &WordOutput) -> Result<JobGraph, Str
                 counts.sink(FileSink::new(Path::new(dir).join(name), encoder()))
             }
             WordOutput::Discard | WordOutput::Print => counts.sink(DiscardSink),
+            WordOutput::Postgres { .. } => {
+                return Err(
+                    "pipelines writes to files or discards: --pg-output is a flag of wordcount"
+                        .into(),
+                )
+            }
         };
         sink.uid(&format!("{name}-sink"))
             .name(&format!("{name}-sink"));

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use crate::api::{Collector, JobGraph, KeyedProcessFunction, StreamEnv};
 use crate::connectors::{
-    DiscardSink, Encoder, FileSink, FileSource, GeneratorSource, PrintSink, Word,
+    DiscardSink, Encoder, FileSink, FileSource, GeneratorSource, PgMode, PostgresSink, PrintSink,
+    Word,
 };
 use crate::error::TaskResult;
 use crate::state::{KeyedContext, ValueState};
@@ -34,6 +35,15 @@ pub enum WordOutput {
     Discard,
     /// Standard output.
     Print,
+    /// A PostgreSQL table (wordcount only): `(word, count)` rows, written the way `mode` says.
+    Postgres {
+        /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE`.
+        url: String,
+        /// `TABLE` or `SCHEMA.TABLE`; created if it does not exist.
+        table: String,
+        /// 2pc, upsert or wal.
+        mode: PgMode,
+    },
 }
 
 /// The running count per word.
@@ -106,6 +116,9 @@ pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String>
         WordOutput::Dir(dir) => counts.sink(FileSink::new(dir, encoder)).name("file-sink"),
         WordOutput::Discard => counts.sink(DiscardSink).name("discard"),
         WordOutput::Print => counts.sink(PrintSink::new(encoder)).name("print"),
+        WordOutput::Postgres { url, table, mode } => counts
+            .sink(PostgresSink::new(url, table, *mode)?)
+            .name("postgres-sink"),
     };
     sink.uid("sink");
     env.build("wordcount")
