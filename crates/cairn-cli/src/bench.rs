@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::human;
 
+mod kafka_source;
 mod savepoint;
 mod state;
 
@@ -43,7 +44,8 @@ pub struct BenchArgs {
     /// checkpoints, peak RSS and ratios to Flink's per-core figures; `savepoint`: a checkpoint
     /// vs a savepoint of the same state, and the time a stop-with-savepoint takes; `state`: the
     /// heap and RocksDB backends (throughput, checkpoint uploads, RSS), the heap's synchronous
-    /// pause by key count, and state larger than RocksDB's memory budget.
+    /// pause by key count, and state larger than RocksDB's memory budget; `kafka-source`:
+    /// wordcount reading a pre-filled topic of librdkafka's mock cluster, per parallelism.
     #[arg(long, default_value = "throughput")]
     suite: String,
 }
@@ -846,10 +848,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "kafka-source" => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            return kafka_source::run(&args);
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, kafka-source"
             )
         }
     }
