@@ -139,8 +139,7 @@ fn sigkill_at_failpoints_and_resume_keeps_exactly_once_and_equals_an_undisturbed
         run_ok(wordcount(&brokers, &calm.join("out"), &calm.join("ck")).stderr(Stdio::piped()));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains(&format!("wordcount finished"))
-            && stderr.contains(&format!("{LINES} records")),
+        stderr.contains("wordcount finished") && stderr.contains(&format!("{LINES} records")),
         "{stderr}"
     );
     assert_exactly_once(&calm.join("out"), &expected);

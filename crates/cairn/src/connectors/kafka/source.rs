@@ -711,13 +711,19 @@ impl<T> KafkaReader<T> {
             .map_err(|e| kafka_err("cannot assign Kafka partitions", e))
     }
 
-    fn route(&self, topic: &str, partition: i32) -> Option<usize> {
+    /// The part a message belongs to (None: not one of this reader's partitions).
+    fn route(&self, m: &impl Message) -> Option<usize> {
+        // With one topic the name (a C string to convert) need not be looked at.
         let t = if self.topics.len() == 1 {
             0
         } else {
+            let topic = m.topic();
             self.topics.iter().position(|t| t == topic)?
         };
-        *self.routes[t].get(usize::try_from(partition).ok()?)?
+        *self
+            .routes
+            .get(t)?
+            .get(usize::try_from(m.partition()).ok()?)?
     }
 
     /// Takes up to `max` messages from librdkafka's queue into the buffers.
@@ -733,7 +739,7 @@ impl<T> KafkaReader<T> {
                     continue;
                 }
             };
-            let Some(i) = self.route(m.topic(), m.partition()) else {
+            let Some(i) = self.route(&m) else {
                 continue;
             };
             let part = &mut self.parts[i];

@@ -295,7 +295,7 @@ fn every_start_position_and_restored_offsets_winning() {
     // Committed offsets need a group.
     let mut c = config(&mock, &["t"]);
     c.start = StartFrom::Committed(OffsetReset::Earliest);
-    let err = tagged(c).create_splits(1).err().expect("no group");
+    let err = tagged(c).create_splits(1).expect_err("no group");
     assert!(err.to_string().contains("no consumer group"), "{err}");
 }
 
@@ -315,7 +315,7 @@ fn start_positions_parse_from_their_names() {
         Ok(StartFrom::Committed(OffsetReset::Earliest))
     );
     for bad in ["", "begin", "timestamp:", "timestamp:-5", "timestamp:x"] {
-        let e = bad.parse::<StartFrom>().err().expect("refused");
+        let e = bad.parse::<StartFrom>().expect_err("refused");
         assert!(e.contains("is not a start position"), "{e}");
     }
 }
@@ -526,7 +526,7 @@ fn an_unreachable_broker_or_a_missing_topic_is_one_clear_error() {
     let mut c = KafkaSourceConfig::new("127.0.0.1:1", vec!["t".into()]);
     c.request_timeout = Duration::from_secs(20);
     let t0 = Instant::now();
-    let err = tagged(c).create_splits(2).err().expect("unreachable");
+    let err = tagged(c).create_splits(2).expect_err("unreachable");
     assert_eq!(
         err.to_string(),
         "cannot connect to any Kafka broker of 127.0.0.1:1 (is it running?)"
@@ -536,7 +536,7 @@ fn an_unreachable_broker_or_a_missing_topic_is_one_clear_error() {
     let mock = mock(1);
     fill(&mock, "t", 1, 1);
     let source = tagged(config(&mock, &["t", "missing"]));
-    let err = source.create_splits(1).err().expect("missing topic");
+    let err = source.create_splits(1).expect_err("missing topic");
     assert_eq!(
         err.to_string(),
         format!(
