@@ -321,6 +321,12 @@ fn consumer(config: &KafkaSourceConfig, client_id: &str) -> TaskResult<SourceCon
         // Records removed by retention before they were read: go on from the earliest one.
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
+        // librdkafka compares the whole consumer queue (all partitions) with
+        // queued.min.messages and, once it is reached, pauses every partition's fetching for
+        // fetch.queue.backoff.ms (default 1 s, which left the source idle most of the time in
+        // the benchmark): keep about 20 batches queued and look again soon.
+        .set("queued.min.messages", "20000")
+        .set("fetch.queue.backoff.ms", "10")
         .set_log_level(RDKafkaLogLevel::Info);
     // librdkafka assigns partitions only to a consumer with a group id; without one configured
     // the source commits nothing, so the name is never used on the brokers.
