@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::human;
 
+mod kafka_source;
 mod postgres;
 mod s3;
 mod savepoint;
@@ -49,7 +50,8 @@ pub struct BenchArgs {
     /// durations on the local S3 server against the local filesystem; `postgres`: the
     /// PostgreSQL sink modes (2pc, upsert, wal) with 1s checkpoints against --discard
     /// (CAIRN_BENCH_PG_URL, default: the scripts/service-postgres server) [--records default:
-    /// 2000000].
+    /// 2000000]; `kafka-source`: wordcount reading a pre-filled topic of librdkafka's mock
+    /// cluster, per parallelism.
     #[arg(long, default_value = "throughput")]
     suite: String,
 }
@@ -862,10 +864,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "kafka-source" => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            return kafka_source::run(&args);
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres, kafka-source"
             )
         }
     }

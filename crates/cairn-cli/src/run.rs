@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use cairn::api::JobGraph;
 use cairn::cluster::{BuiltJob, JobFactory};
 use cairn::config::{keys, JobConfig};
+use cairn::connectors::kafka::KafkaSourceConfig;
 use cairn::jobs::nexmark::{self, NexmarkArgs};
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::jobs::{backpressure, pipelines};
@@ -132,6 +133,67 @@ pub struct RunArgs {
     /// Require `Authorization: Bearer TOKEN` on every REST request.
     #[arg(long, value_name = "TOKEN", requires = "rest")]
     rest_token: Option<String>,
+    /// Kafka bootstrap brokers, HOST:PORT[,HOST:PORT...] (plain TCP).
+    #[arg(long, value_name = "HOST:PORT")]
+    kafka_brokers: Option<String>,
+    /// wordcount: read lines of words from this Kafka topic (the record values); its partitions'
+    /// offsets are the source's state.
+    #[arg(long, value_name = "TOPIC", requires = "kafka_brokers", conflicts_with_all = ["input", "generate"])]
+    kafka_input: Option<String>,
+    /// --kafka-input: read up to the end offsets the partitions had when the job started
+    /// fresh, then finish (a restored run stops at the same offsets).
+    #[arg(long, requires = "kafka_input")]
+    kafka_bounded: bool,
+    /// --kafka-input: where a fresh start begins: earliest, latest, committed (the group's
+    /// offsets, else earliest), committed-or-latest, or timestamp:MILLIS (ms since the epoch).
+    /// A restore always resumes at the checkpoint's offsets [default: earliest].
+    #[arg(long, value_name = "POSITION", requires = "kafka_input")]
+    kafka_start: Option<String>,
+    /// --kafka-input: consumer group that completed checkpoints' offsets are committed to (for
+    /// lag monitoring only) and that `--kafka-start committed` reads [default: cairn-wordcount].
+    #[arg(long, value_name = "GROUP", requires = "kafka_input")]
+    kafka_group: Option<String>,
+    /// --kafka-input: how often to look for new partitions of the topic, e.g. 30s; 0 never
+    /// [default: 5min].
+    #[arg(long, value_name = "DURATION", requires = "kafka_input")]
+    kafka_discovery_interval: Option<String>,
+}
+
+/// `--kafka-input` and its flags.
+fn kafka_input(args: &RunArgs) -> Result<WordInput> {
+    let topic = args.kafka_input.as_deref().unwrap_or_default();
+    let brokers = args.kafka_brokers.clone().unwrap_or_default();
+    if brokers.trim().is_empty() {
+        bail!("--kafka-brokers needs HOST:PORT");
+    }
+    if topic.trim().is_empty() {
+        bail!("--kafka-input needs a topic name");
+    }
+    let mut config = KafkaSourceConfig::new(brokers, vec![topic.to_string()]);
+    if let Some(start) = &args.kafka_start {
+        config.start = start
+            .parse()
+            .map_err(|e: String| anyhow!("--kafka-start: {e}"))?;
+    }
+    config.group_id = Some(
+        args.kafka_group
+            .clone()
+            .unwrap_or_else(|| "cairn-wordcount".to_string()),
+    );
+    if config
+        .group_id
+        .as_deref()
+        .is_some_and(|g| g.trim().is_empty())
+    {
+        bail!("--kafka-group must not be empty");
+    }
+    if let Some(interval) = &args.kafka_discovery_interval {
+        let d = cairn::config::parse_duration(interval)
+            .map_err(|e| anyhow!("--kafka-discovery-interval: {e}"))?;
+        config.discovery_interval = (!d.is_zero()).then_some(d);
+    }
+    config.bounded = args.kafka_bounded;
+    Ok(WordInput::Kafka(config))
 }
 
 /// Builds the configuration: defaults, then the file, then -D, then the dedicated flags.
@@ -325,6 +387,9 @@ fn nexmark_args(args: &RunArgs) -> Result<NexmarkArgs> {
     if args.input.is_some() || args.generate.is_some() {
         bail!("nexmark generates its events: use --events N, not --input or --generate");
     }
+    if args.kafka_input.is_some() {
+        bail!("nexmark generates its events: use --events N, not --kafka-input");
+    }
     let Some(query) = &args.query else {
         bail!(
             "nexmark needs --query QUERY; available queries: {}",
@@ -381,6 +446,7 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
         bail!("--rate needs --generate N");
     }
     let input = match (&args.input, args.generate) {
+        _ if args.kafka_input.is_some() => kafka_input(args)?,
         (Some(path), None) => {
             std::fs::metadata(path)
                 .with_context(|| format!("cannot read input file {}", path.display()))?;
@@ -397,7 +463,7 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
                 rate: args.rate.unwrap_or(0),
             }
         }
-        _ => bail!("wordcount needs --input FILE or --generate N"),
+        _ => bail!("wordcount needs --input FILE, --generate N or --kafka-input TOPIC"),
     };
     let graph = match (args.job.as_str(), &input) {
         ("backpressure", WordInput::Generate { count, keys, .. }) => {
@@ -409,6 +475,9 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
             })
         }
         ("backpressure", WordInput::File(_)) | ("pipelines", WordInput::File(_)) => {
+            bail!("{} generates its input: use --generate N", args.job)
+        }
+        ("backpressure" | "pipelines", WordInput::Kafka(_)) => {
             bail!("{} generates its input: use --generate N", args.job)
         }
         ("pipelines", WordInput::Generate { count, keys, .. }) => {
@@ -488,6 +557,10 @@ fn expected_records(args: &RunArgs, input: &JobInput) -> Result<u64> {
         // Failures are planned within the smallest record count any task sees: the lines.
         WordInput::File(p) if args.inject_failures.is_some() => count_lines(p)?,
         WordInput::File(_) => 1,
+        WordInput::Kafka(_) if args.inject_failures.is_some() => {
+            bail!("--inject-failures plans failures among a known number of records: use --input or --generate, not --kafka-input")
+        }
+        WordInput::Kafka(_) => 1,
     })
 }
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::api::{Collector, JobGraph, KeyedProcessFunction, StreamEnv};
+use crate::connectors::kafka::{KafkaSource, KafkaSourceConfig};
 use crate::connectors::{
     DiscardSink, Encoder, FileSink, FileSource, GeneratorSource, PgMode, PostgresSink, PrintSink,
     Word,
@@ -24,6 +25,8 @@ pub enum WordInput {
     /// `count` generated words over `keys` distinct ones, at most `rate` per second (0: as fast
     /// as possible).
     Generate { count: u64, keys: u64, rate: u64 },
+    /// Lines of words, the values of Kafka records (their offsets are the source's state).
+    Kafka(KafkaSourceConfig),
 }
 
 /// Where the counts go.
@@ -94,6 +97,17 @@ pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String>
             .source(FileSource::new(path))
             .uid("source")
             .name("file-source")
+            .flat_map(|line: String, out: &mut Collector<Word>| {
+                for w in line.split_whitespace() {
+                    out.collect(Word::new(w));
+                }
+            })
+            .uid("split")
+            .name("split"),
+        WordInput::Kafka(config) => env
+            .source(KafkaSource::lines(config.clone()))
+            .uid("source")
+            .name("kafka-source")
             .flat_map(|line: String, out: &mut Collector<Word>| {
                 for w in line.split_whitespace() {
                     out.collect(Word::new(w));

@@ -540,6 +540,14 @@ pub trait SourceReader<T>: Send {
     fn split_finished(&self, _index: usize) -> bool {
         false
     }
+    /// The splits `snapshot()` just returned are checkpoint `checkpoint_id`'s (called right
+    /// after it), so that `notify_complete` knows which positions became durable.
+    fn snapshot_taken(&mut self, _checkpoint_id: u64) {}
+    /// Checkpoint `checkpoint_id` completed: the positions snapshotted for it are durable (a
+    /// Kafka source commits them back to its consumer group, for monitoring only).
+    fn notify_complete(&mut self, _checkpoint_id: u64) -> TaskResult {
+        Ok(())
+    }
 }
 
 /// The type-erased head of a task: a source reader or the first operator of the chain.
@@ -772,6 +780,9 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
         let mut decided = None;
         if let Some(time) = &mut self.time {
             let now = std::time::Instant::now();
+            // A source may find new splits (a Kafka topic's new partitions) as it runs.
+            time.watermarks
+                .ensure_splits(self.reader.split_count(), now);
             if n > 0 {
                 let split = self.reader.last_split();
                 for r in &self.buf {
@@ -810,6 +821,7 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
     }
     fn snapshot(&mut self, id: Barrier, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
         let splits = self.reader.snapshot()?;
+        self.reader.snapshot_taken(id.id);
         let splits = OperatorListData::connector(SOURCE_SPLITS_STATE, "source split", splits);
         let watermark = postcard::to_stdvec(&self.watermark).map_err(TaskError::msg)?;
         let watermark =
@@ -822,6 +834,7 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
         self.chain.snapshot(id, out)
     }
     fn notify_complete(&mut self, id: u64) -> TaskResult {
+        self.reader.notify_complete(id)?;
         self.chain.notify_complete(id)
     }
     fn notify_aborted(&mut self, id: u64) -> TaskResult {

@@ -160,6 +160,19 @@ impl SourceWatermarks {
         self.emitted
     }
 
+    /// The source now has `count` splits (it found new ones): each new split holds back the
+    /// watermark from `now` on until it produces records or turns idle. Never shrinks.
+    pub fn ensure_splits(&mut self, count: usize, now: Instant) {
+        if count > self.splits.len() {
+            let clock = SplitClock {
+                max_ts: None,
+                last_record: now,
+                finished: false,
+            };
+            self.splits.resize(count, clock);
+        }
+    }
+
     /// Split `split` produced a record with timestamp `ts`.
     #[inline]
     pub fn on_record(&mut self, split: usize, ts: i64) {
@@ -418,6 +431,31 @@ mod tests {
         w.on_split_finished(1);
         assert_eq!(w.emit(much_later), Some(Watermark(WATERMARK_MAX)));
         assert_eq!(w.end(), None);
+    }
+
+    #[test]
+    fn a_split_found_later_holds_back_the_watermark_until_it_produces() {
+        let t0 = Instant::now();
+        let mut w = gen(0, 1, t0);
+        w.on_record(0, 1_000);
+        w.on_batch(0, t0);
+        assert_eq!(w.emit(t0), Some(Watermark(999)));
+        w.ensure_splits(2, t0);
+        w.on_record(0, 2_000);
+        w.on_batch(0, t0);
+        // The new split has produced nothing and is not idle yet.
+        assert_eq!(w.emit(t0 + Duration::from_millis(200)), None);
+        w.on_record(1, 1_500);
+        w.on_batch(1, t0);
+        assert_eq!(
+            w.emit(t0 + Duration::from_millis(400)),
+            Some(Watermark(1_499))
+        );
+        // Never shrinks: split 1 still counts.
+        w.ensure_splits(1, t0);
+        w.on_record(0, 3_000);
+        w.on_batch(0, t0);
+        assert_eq!(w.emit(t0 + Duration::from_millis(600)), None);
     }
 
     #[test]

@@ -1,0 +1,290 @@
+//! wordcount reading a Kafka topic, end to end on the real binary.
+//!
+//! The broker is librdkafka's mock cluster in this test process: it outlives every `cairn`
+//! child the test kills. The topic has several partitions filled with lines of words; the
+//! job (`--kafka-bounded`, parallelism 2, exactly-once file sink) is stopped at each
+//! failpoint of checkpoint progress, SIGKILLed there and resumed with `--from latest`; the
+//! committed output must hold every word's counts 1..n exactly once and equal an undisturbed
+//! run's. An unreachable broker and a missing topic are one clear error line.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use cairn::connectors::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use cairn::connectors::kafka::rdkafka::mocking::MockCluster;
+use cairn::connectors::kafka::rdkafka::producer::{
+    BaseProducer, BaseRecord, DefaultProducerContext, Producer,
+};
+use cairn::connectors::kafka::rdkafka::ClientConfig;
+use common::*;
+
+const TOPIC: &str = "lines";
+const PARTITIONS: i32 = 4;
+const LINES: u64 = 600_000;
+const WORDS_PER_LINE: u64 = 4;
+const KEYS: u64 = 5_000;
+
+type Mock = MockCluster<'static, DefaultProducerContext>;
+
+/// A mock cluster with `TOPIC` filled with `LINES` lines of words; returns it with each
+/// word's number of occurrences.
+fn filled_cluster() -> (Mock, HashMap<String, u64>) {
+    let mock = MockCluster::new(1).expect("librdkafka's mock cluster starts");
+    mock.create_topic(TOPIC, PARTITIONS, 1).expect("topic");
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", mock.bootstrap_servers())
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .create()
+        .expect("producer");
+    let mut expected = HashMap::new();
+    let mut line = String::new();
+    for i in 0..LINES {
+        line.clear();
+        for j in 0..WORDS_PER_LINE {
+            let w = format!("w{}", (i * WORDS_PER_LINE + j).wrapping_mul(7919) % KEYS);
+            *expected.entry(w.clone()).or_insert(0u64) += 1;
+            if j > 0 {
+                line.push(' ');
+            }
+            line.push_str(&w);
+        }
+        let mut rec = BaseRecord::<(), str>::to(TOPIC)
+            .partition((i % PARTITIONS as u64) as i32)
+            .payload(line.as_str());
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    producer.poll(Duration::from_millis(5));
+                    rec = r;
+                }
+                Err((e, _)) => panic!("cannot fill the topic: {e}"),
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(60))
+        .expect("the topic is filled");
+    (mock, expected)
+}
+
+fn wordcount(brokers: &str, out_dir: &Path, ck: &Path) -> Command {
+    let mut cmd = cairn();
+    cmd.args(["run", "wordcount", "-p", "2"])
+        .args(["--kafka-brokers", brokers, "--kafka-input", TOPIC])
+        .arg("--kafka-bounded")
+        .arg("--output")
+        .arg(out_dir)
+        .arg("--checkpoint-dir")
+        .arg(ck)
+        .args(["--checkpoint-interval", "30ms", "--from", "latest"])
+        .stdout(Stdio::null());
+    cmd
+}
+
+/// The newest completed checkpoint under `ck` and the highest checkpoint directory of its
+/// job.
+fn checkpoint_progress(ck: &Path) -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64)> = None;
+    for job in std::fs::read_dir(ck).ok()? {
+        let job = job.ok()?.path();
+        let (mut completed, mut highest) = (None, 0u64);
+        for e in std::fs::read_dir(&job).ok()? {
+            let e = e.ok()?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = name
+                .strip_prefix("chk-")
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            highest = highest.max(id);
+            if e.path().join("_metadata").exists() {
+                completed = completed.max(Some(id));
+            }
+        }
+        if let Some(id) = completed {
+            if best.is_none_or(|(b, _)| id > b) {
+                best = Some((id, highest));
+            }
+        }
+    }
+    best
+}
+
+/// Every committed line of `dir`, sorted.
+fn sorted_lines(dir: &Path) -> Vec<(String, u64)> {
+    let mut lines: Vec<(String, u64)> = committed_lines(dir)
+        .into_iter()
+        .flat_map(|(w, counts)| counts.into_iter().map(move |c| (w.clone(), c)))
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn sigkill_at_failpoints_and_resume_keeps_exactly_once_and_equals_an_undisturbed_run() {
+    let (mock, expected) = filled_cluster();
+    let brokers = mock.bootstrap_servers();
+    let tmp = tempfile::tempdir().unwrap();
+
+    // The undisturbed run.
+    let calm = tmp.path().join("calm");
+    let out =
+        run_ok(wordcount(&brokers, &calm.join("out"), &calm.join("ck")).stderr(Stdio::piped()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("wordcount finished") && stderr.contains(&format!("{LINES} records")),
+        "{stderr}"
+    );
+    assert_exactly_once(&calm.join("out"), &expected);
+
+    // Killed at every failpoint, in a seeded order, each 2 or 3 checkpoints further.
+    let (out_dir, ck) = (tmp.path().join("out"), tmp.path().join("ck"));
+    let mut next = seeded(7);
+    let mut newest: Option<u64> = None;
+    let mut kills = Vec::new();
+    for (run, point) in shuffled_failpoints(&mut next).into_iter().enumerate() {
+        let base = checkpoint_progress(&ck).map_or(0, |(_, highest)| highest);
+        let at = base + 2 + next() % 2;
+        let marker = tmp.path().join(format!("marker-{run}"));
+        let log = tmp.path().join(format!("run-{run}.log"));
+        let (name, id) =
+            kill_at_failpoint(wordcount(&brokers, &out_dir, &ck), point, at, &marker, &log)
+                .unwrap_or_else(|e| panic!("run {run}: {e}"));
+        assert_eq!(name, point, "run {run} stopped at another point");
+        assert!(id >= at, "{point} fired at {id}, armed for {at}");
+        let now = checkpoint_progress(&ck).map(|(id, _)| id);
+        let completed = now.unwrap_or(0);
+        match point {
+            "checkpoint-completed" => assert_eq!(completed, id, "{point} {id}"),
+            "sink-committing" => assert!(completed >= id, "{point} {id}"),
+            _ => assert!(completed < id, "{point} {id}: {completed} completed"),
+        }
+        assert!(now >= newest, "completed checkpoints went back");
+        newest = now;
+        let so_far = check_output(&out_dir, &expected);
+        assert_eq!(
+            so_far.duplicates, 0,
+            "duplicates committed by the run killed at {point} {id}"
+        );
+        kills.push(format!("{point} at {id}"));
+    }
+    let id = newest.expect("a checkpoint completed before the last kill");
+    let out = run_ok(wordcount(&brokers, &out_dir, &ck).stderr(Stdio::piped()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("restored from ") && l.contains(&format!("chk-{id}"))),
+        "{stderr}"
+    );
+    eprintln!("SIGKILLs at {}", kills.join(", "));
+    assert_no_leftovers(&out_dir);
+    assert_exactly_once(&out_dir, &expected);
+    assert_eq!(sorted_lines(&out_dir), sorted_lines(&calm.join("out")));
+}
+
+/// Runs `cairn` with `args`; asserts a failure with exactly one stderr line, which it returns.
+fn one_error_line(args: &[&str]) -> String {
+    let out = cairn().args(args).output().expect("cairn starts");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    lines[0].to_string()
+}
+
+#[test]
+fn an_unreachable_broker_a_missing_topic_and_bad_flags_are_one_clear_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let out = out.to_str().unwrap();
+    let line = one_error_line(&[
+        "run",
+        "wordcount",
+        "--kafka-brokers",
+        "127.0.0.1:1",
+        "--kafka-input",
+        "t",
+        "--kafka-bounded",
+        "--output",
+        out,
+    ]);
+    assert!(
+        line.starts_with("error: ")
+            && line.ends_with("cannot connect to any Kafka broker of 127.0.0.1:1 (is it running?)"),
+        "{line}"
+    );
+
+    let mock = MockCluster::new(1).expect("mock cluster");
+    mock.create_topic("other", 1, 1).unwrap();
+    let brokers = mock.bootstrap_servers();
+    let line = one_error_line(&[
+        "run",
+        "wordcount",
+        "--kafka-brokers",
+        &brokers,
+        "--kafka-input",
+        "missing",
+        "--kafka-bounded",
+        "--output",
+        out,
+    ]);
+    assert!(
+        line.starts_with("error: ")
+            && line.ends_with(&format!(
+                "Kafka topic 'missing' does not exist on {brokers}"
+            )),
+        "{line}"
+    );
+
+    let line = one_error_line(&[
+        "run",
+        "wordcount",
+        "--kafka-brokers",
+        &brokers,
+        "--kafka-input",
+        "other",
+        "--kafka-start",
+        "yesterday",
+        "--discard",
+    ]);
+    assert!(
+        line.starts_with("error: --kafka-start: 'yesterday' is not a start position"),
+        "{line}"
+    );
+    let line = one_error_line(&[
+        "run",
+        "wordcount",
+        "--kafka-brokers",
+        &brokers,
+        "--kafka-input",
+        "other",
+        "--kafka-discovery-interval",
+        "soon",
+        "--discard",
+    ]);
+    assert!(
+        line.starts_with("error: --kafka-discovery-interval: "),
+        "{line}"
+    );
+    let line = one_error_line(&[
+        "run",
+        "backpressure",
+        "--kafka-brokers",
+        &brokers,
+        "--kafka-input",
+        "other",
+        "--discard",
+    ]);
+    assert_eq!(
+        line,
+        "error: backpressure generates its input: use --generate N"
+    );
+}
