@@ -15,6 +15,8 @@ use common::*;
 
 const RECORDS: u64 = 3_000_000;
 const KEYS: u64 = 5_000;
+/// Words per second of the runs that are killed: 3M words last them at least 7.5 s.
+const KILL_RUN_RATE: u64 = 400_000;
 
 fn endpoint() -> String {
     std::env::var("CAIRN_TEST_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:55000".into())
@@ -112,7 +114,11 @@ fn kill_and_resume_on_s3(name: &str, p: u32, final_p: u32, points: &[&str], extr
         let at = progress(&s3).1 + 2;
         let marker = tmp.path().join(format!("marker-{i}"));
         let log = tmp.path().join(format!("run-{i}.log"));
-        let (hit, id) = kill_at_failpoint(run(&url, &out, p, extra), point, at, &marker, &log)
+        // Paced, so that the failpoint comes long before the input's end however slow the
+        // S3 server makes checkpoints; the last run goes as fast as it can.
+        let mut paced = run(&url, &out, p, extra);
+        paced.args(["--rate", &KILL_RUN_RATE.to_string()]);
+        let (hit, id) = kill_at_failpoint(paced, point, at, &marker, &log)
             .unwrap_or_else(|e| panic!("run {i}: {e}"));
         assert_eq!((hit.as_str(), id >= at), (*point, true), "run {i}");
         let stderr = std::fs::read_to_string(&log).unwrap();
