@@ -211,7 +211,7 @@ fn restored_checkpoint(stderr: &str) -> Option<u64> {
     Some(digits.parse().unwrap())
 }
 
-const RECORDS: u64 = 300_000;
+const RECORDS: u64 = 500_000;
 const KEYS: u64 = 1_000;
 /// Words per second over both source subtasks: enough for several batches per checkpoint,
 /// slow enough that a run lasts past the checkpoints the kills are armed for.

@@ -111,7 +111,7 @@ pub(super) fn check_server(pg: &Pg, owner: &SinkOwner) -> TaskResult {
     )?;
     if max == 0 {
         return Err(TaskError::Unrecoverable(format!(
-            "PostgreSQL {}: max_prepared_transactions = 0 disables PREPARE TRANSACTION, which the 2pc sink needs; set max_prepared_transactions (e.g. 64: at least the sink's parallelism times the checkpoints in flight) in postgresql.conf and restart the server, or use --pg-mode upsert or wal",
+            "PostgreSQL {}: max_prepared_transactions = 0 disables PREPARE TRANSACTION, which the 2pc sink needs; set max_prepared_transactions (e.g. 64: at least the sink's parallelism times one more than the checkpoints in flight) in postgresql.conf and restart the server, or use --pg-mode upsert or wal",
             pg.target.name
         )));
     }

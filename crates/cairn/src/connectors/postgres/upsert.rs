@@ -5,6 +5,10 @@
 //! replaces an earlier one before anything is sent) and writes them in one statement, sorted
 //! by word, whenever [`FLUSH_ROWS_MAX`] updates were buffered and at every barrier, so that
 //! everything before barrier c is in the table before c can complete: at-least-once delivery.
+//! Only the barrier needs durability: the writes between barriers commit with
+//! `synchronous_commit = off` (no WAL flush each), and at the barrier one commit with
+//! `synchronous_commit = on` flushes the server's WAL past all of them. A server crash can
+//! lose only writes after the last barrier, which the replay from that checkpoint repeats.
 //!
 //! ```sql
 //! INSERT INTO t AS t (word, count) SELECT * FROM unnest($1::text[], $2::bigint[])
@@ -80,6 +84,9 @@ pub(super) struct UpsertWriter {
     buffered: usize,
     /// Sorted rows of the write in progress (kept to reuse their allocation).
     rows: Vec<(Word, u64)>,
+    /// Whether a write since the last barrier was committed without waiting for the server's
+    /// WAL flush.
+    unsynced: bool,
     last_barrier: u64,
 }
 
@@ -89,16 +96,24 @@ impl UpsertWriter {
             "cannot prepare the upsert",
             &upsert_sql(&pg.target.table_sql),
         )?;
+        // Writes between barriers need not be durable on their own (see `pre_commit`).
+        pg.batch(
+            "cannot set synchronous_commit",
+            "SET synchronous_commit = off",
+        )?;
         Ok(UpsertWriter {
             pg,
             upsert,
             latest: HashMap::with_hasher(FxBuildHasher),
             buffered: 0,
             rows: Vec::new(),
+            unsynced: false,
             last_barrier: 0,
         })
     }
 
+    /// Sends the buffered updates, sorted by word, as one statement (per
+    /// `STATEMENT_ROWS_MAX`), each committed on its own.
     fn flush(&mut self) -> TaskResult {
         if self.latest.is_empty() {
             return Ok(());
@@ -110,6 +125,22 @@ impl UpsertWriter {
             .insert_rows("cannot upsert rows", &self.upsert, &self.rows)?;
         self.rows.clear();
         self.buffered = 0;
+        self.unsynced = true;
+        Ok(())
+    }
+
+    /// Makes every write of this session durable: a transaction that commits with
+    /// `synchronous_commit = on` waits until the server's WAL is flushed up to its commit
+    /// record, which the commits before it (made with `synchronous_commit = off`) precede.
+    /// `txid_current()` gives it a transaction id, so that it writes a commit record at all.
+    fn sync(&mut self) -> TaskResult {
+        if self.unsynced {
+            self.pg.batch(
+                "cannot make the upserts durable",
+                "BEGIN; SET LOCAL synchronous_commit = on; SELECT txid_current(); COMMIT",
+            )?;
+            self.unsynced = false;
+        }
         Ok(())
     }
 }
@@ -139,6 +170,7 @@ impl SinkWriter<(Word, u64)> for UpsertWriter {
 
     fn pre_commit(&mut self, checkpoint_id: u64) -> TaskResult<Vec<Vec<u8>>> {
         self.flush()?;
+        self.sync()?;
         self.last_barrier = checkpoint_id;
         let state = postcard::to_stdvec(&Barrier { checkpoint_id }).map_err(TaskError::msg)?;
         Ok(vec![state])
@@ -150,6 +182,7 @@ impl SinkWriter<(Word, u64)> for UpsertWriter {
     }
 
     fn finish(&mut self) -> TaskResult {
-        self.flush()
+        self.flush()?;
+        self.sync()
     }
 }
