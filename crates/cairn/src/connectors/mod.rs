@@ -7,6 +7,7 @@
 mod file_sink;
 mod file_source;
 mod generator;
+pub mod kafka;
 mod nexmark;
 mod sequence;
 mod simple_sinks;

@@ -147,6 +147,7 @@ pub fn build(args: &BackpressureArgs) -> Result<JobGraph, String> {
         WordOutput::Discard | WordOutput::Print => {
             counts.sink(ThrottledSink::new(DiscardSink, args.sink_rate))
         }
+        WordOutput::Kafka(_) => return Err("backpressure writes to --output DIR, not Kafka".into()),
     };
     sink.uid("sink").name("throttled-sink");
     env.build("backpressure")

@@ -153,6 +153,11 @@ pub fn source_records(args: &NexmarkArgs) -> Result<u64, String> {
 /// Builds the query's job graph.
 pub fn build(args: &NexmarkArgs, output: &WordOutput) -> Result<JobGraph, String> {
     args.validate()?;
+    if matches!(output, WordOutput::Kafka(_)) {
+        return Err(
+            "nexmark writes to --output DIR, --discard or standard output, not Kafka".into(),
+        );
+    }
     let env = StreamEnv::new();
     let source = NexmarkSource::new(args.events, args.generator());
     let events = || {
@@ -271,6 +276,7 @@ fn sink<T: Data>(rows: DataStream<T>, output: &WordOutput, encode: fn(&T, &mut V
         WordOutput::Dir(dir) => rows.sink(FileSink::new(dir, encoder)).name("file-sink"),
         WordOutput::Discard => rows.sink(DiscardSink).name("discard"),
         WordOutput::Print => rows.sink(PrintSink::new(encoder)).name("print"),
+        WordOutput::Kafka(_) => unreachable!("build refuses Kafka output"),
     };
     sink.uid("sink");
 }

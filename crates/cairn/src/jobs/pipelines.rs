@@ -26,6 +26,9 @@ pub fn build(count: u64, keys: u64, output: &WordOutput) -> Result<JobGraph, Str
                 counts.sink(FileSink::new(Path::new(dir).join(name), encoder()))
             }
             WordOutput::Discard | WordOutput::Print => counts.sink(DiscardSink),
+            WordOutput::Kafka(_) => {
+                return Err("pipelines writes to --output DIR, not Kafka".into())
+            }
         };
         sink.uid(&format!("{name}-sink"))
             .name(&format!("{name}-sink"));

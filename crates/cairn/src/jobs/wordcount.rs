@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::api::{Collector, JobGraph, KeyedProcessFunction, StreamEnv};
+use crate::connectors::kafka::{KafkaEncoder, KafkaSink, KafkaSinkConfig};
 use crate::connectors::{
     DiscardSink, Encoder, FileSink, FileSource, GeneratorSource, PrintSink, Word,
 };
@@ -34,6 +35,8 @@ pub enum WordOutput {
     Discard,
     /// Standard output.
     Print,
+    /// A Kafka topic: one record per update, key the word, value `WORD<TAB>COUNT`.
+    Kafka(KafkaSinkConfig),
 }
 
 /// The running count per word.
@@ -76,6 +79,16 @@ pub fn encoder() -> Encoder<(Word, u64)> {
     Arc::new(encode_line)
 }
 
+/// The Kafka record of an update: key the word, value `WORD<TAB>COUNT`.
+pub fn kafka_encoder() -> KafkaEncoder<(Word, u64)> {
+    Arc::new(|r: &(Word, u64), key: &mut Vec<u8>, value: &mut Vec<u8>| {
+        key.extend_from_slice(r.0.as_bytes());
+        value.extend_from_slice(r.0.as_bytes());
+        value.push(b'\t');
+        value.extend_from_slice(itoa::Buffer::new().format(r.1).as_bytes());
+    })
+}
+
 /// Builds the wordcount job graph.
 pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String> {
     let env = StreamEnv::new();
@@ -106,6 +119,9 @@ pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String>
         WordOutput::Dir(dir) => counts.sink(FileSink::new(dir, encoder)).name("file-sink"),
         WordOutput::Discard => counts.sink(DiscardSink).name("discard"),
         WordOutput::Print => counts.sink(PrintSink::new(encoder)).name("print"),
+        WordOutput::Kafka(config) => counts
+            .sink(KafkaSink::new(config.clone(), kafka_encoder())?)
+            .name("kafka-sink"),
     };
     sink.uid("sink");
     env.build("wordcount")
