@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::human;
 
+mod kafka;
 mod savepoint;
 mod state;
 
@@ -43,9 +44,19 @@ pub struct BenchArgs {
     /// checkpoints, peak RSS and ratios to Flink's per-core figures; `savepoint`: a checkpoint
     /// vs a savepoint of the same state, and the time a stop-with-savepoint takes; `state`: the
     /// heap and RocksDB backends (throughput, checkpoint uploads, RSS), the heap's synchronous
-    /// pause by key count, and state larger than RocksDB's memory budget.
+    /// pause by key count, and state larger than RocksDB's memory budget; `kafka`: generator ->
+    /// Kafka with the Kafka sink's guarantees none, at-least-once and exactly-once (1 s
+    /// checkpoints).
     #[arg(long, default_value = "throughput")]
     suite: String,
+    /// `kafka`: the Kafka broker the sink benchmark writes to (HOST:PORT).
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "CAIRN_TEST_KAFKA_BROKERS",
+        default_value = "127.0.0.1:59092"
+    )]
+    kafka_brokers: String,
 }
 
 impl BenchArgs {
@@ -846,10 +857,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "kafka" => {
+            let records = args.records.unwrap_or(3_000_000);
+            let r = kafka::run(
+                &exe,
+                &scratch,
+                &args.kafka_brokers,
+                records,
+                args.keys()?,
+                args.repeat,
+            );
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, kafka"
             )
         }
     }

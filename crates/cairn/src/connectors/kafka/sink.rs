@@ -4,9 +4,13 @@
 //! # Exactly-once
 //!
 //! Each subtask writes into a Kafka transaction of its own. At the barrier of checkpoint c
-//! (pre-commit) it flushes the transaction and keeps it open, remembered in the checkpoint;
-//! when c completes (commit) it commits every transaction pre-committed up to c. The next
-//! records go into a new transaction, opened at the first record after the pre-commit.
+//! (pre-commit) it flushes the transaction and leaves it open, remembered in the checkpoint
+//! with its producer id and epoch; when c completes (commit) it commits every transaction
+//! pre-committed up to c with an `EndTxn` carrying that id and epoch, exactly as a restore
+//! does (the coordinator does not care which connection ends a transaction; the producer
+//! instance is dropped at the pre-commit, and librdkafka never blocks on a producer that was
+//! fenced meanwhile). The next records go into the next transaction, which a thread of its own
+//! opened ahead.
 //!
 //! **Transactional ids.** Each transaction has a transactional id of its own,
 //! `<prefix>-<subtask>-<n>` (Flink's scheme): `n` counts the subtask's transactions, one more
@@ -447,47 +451,17 @@ impl Restore<'_> {
         let id = &t.transactional_id;
         let age = Duration::from_millis(now_ms().saturating_sub(t.opened_at_ms));
         warn_if_near_timeout(self.config, id, age, "pre-committed before the restore");
-        let refused = match self.wire.end_txn(id, t.producer(), true) {
-            Ok(()) => {
-                info!(
-                    "Kafka sink '{}': committed transaction {id} (producer id {}, epoch {}) of checkpoint {}",
-                    self.uid, t.producer_id, t.producer_epoch, t.checkpoint_id
-                );
-                return Ok(());
-            }
-            Err(e) => e,
-        };
-        // The coordinator refused (or dropped the connection): the marker in the log says
-        // whether the transaction was committed already or lost.
-        let outcome = self
-            .wire
-            .transaction_outcome(
-                &self.config.topic,
-                t.partition,
-                t.first_offset,
-                t.producer_id,
-                MARKER_SCAN_BYTES_MAX,
-            )
-            .map_err(wire_err)?;
-        match outcome {
-            Some(Marker::Commit) => {
-                info!(
-                    "Kafka sink '{}': transaction {id} (producer id {}, epoch {}) of checkpoint {} was committed already",
-                    self.uid, t.producer_id, t.producer_epoch, t.checkpoint_id
-                );
-                Ok(())
-            }
-            Some(Marker::Abort) => Err(TaskError::msg(format!(
-                "Kafka sink: transaction {id} of checkpoint {} was aborted by the broker, not committed: its {} record(s) are lost. It was opened {age:?} ago and transaction.timeout.ms is {} ms (a broker aborts older transactions: restore sooner or raise the timeout)",
-                t.checkpoint_id,
-                t.records,
-                self.config.transaction_timeout.as_millis()
-            ))),
-            None => Err(TaskError::msg(format!(
-                "Kafka sink: cannot commit transaction {id} of checkpoint {} (producer id {}, epoch {}): {refused}",
-                t.checkpoint_id, t.producer_id, t.producer_epoch
-            ))),
-        }
+        let already = commit_prepared(&mut self.wire, self.config, t, true)?;
+        info!(
+            "Kafka sink '{}': {} transaction {id} (producer id {}, epoch {}) of checkpoint {}{}",
+            self.uid,
+            if already { "found" } else { "committed" },
+            t.producer_id,
+            t.producer_epoch,
+            t.checkpoint_id,
+            if already { " committed already" } else { "" }
+        );
+        Ok(())
     }
 
     /// Fences (and so aborts) the ids of `subtask` from number `first` on until one was never
@@ -510,6 +484,59 @@ impl Restore<'_> {
         Err(TaskError::msg(format!(
             "Kafka sink: more than {PROBE_IDS_MAX} used transactional ids under {prefix}-{subtask}- after number {first}"
         )))
+    }
+}
+
+/// Commits the pre-committed transaction `t` with `EndTxn` carrying its stored producer id and
+/// epoch, the same way whether its writer is alive (its checkpoint completed) or died before
+/// (a restore): the coordinator does not care which connection ends a transaction, and this
+/// way librdkafka never waits on a producer that was fenced meanwhile. Idempotent: returns
+/// whether it had been committed already. If the coordinator refuses, the marker the
+/// transaction got in the partition its first record went to decides: a commit marker is
+/// success, an abort marker means its records are lost, and that is an error.
+fn commit_prepared(
+    wire: &mut WireClient,
+    config: &KafkaSinkConfig,
+    t: &PreparedTransaction,
+    restore: bool,
+) -> TaskResult<bool> {
+    let id = &t.transactional_id;
+    let refused = match wire.end_txn(id, t.producer(), true) {
+        Ok(()) => return Ok(false),
+        Err(e) => e,
+    };
+    let outcome = wire
+        .transaction_outcome(
+            &config.topic,
+            t.partition,
+            t.first_offset,
+            t.producer_id,
+            MARKER_SCAN_BYTES_MAX,
+        )
+        .map_err(wire_err)?;
+    match outcome {
+        Some(Marker::Commit) => Ok(true),
+        Some(Marker::Abort) if !restore => Err(fenced(
+            id,
+            &format!(
+                "its transaction, pre-committed at checkpoint {}, was aborted before the checkpoint's commit ({} record(s) lost)",
+                t.checkpoint_id, t.records
+            ),
+        )),
+        Some(Marker::Abort) => {
+            let age = Duration::from_millis(now_ms().saturating_sub(t.opened_at_ms));
+            Err(TaskError::msg(format!(
+                "Kafka sink: transaction {id} of checkpoint {} was aborted, not committed: its {} record(s) are lost. It was opened {:.0} s ago and transaction.timeout.ms is {} ms (a broker aborts older transactions: restore sooner or raise the timeout), or a newer producer of its transactional id fenced it",
+                t.checkpoint_id,
+                t.records,
+                age.as_secs_f64(),
+                config.transaction_timeout.as_millis()
+            )))
+        }
+        None => Err(TaskError::msg(format!(
+            "Kafka sink: cannot commit transaction {id} of checkpoint {} (producer id {}, epoch {}): {refused}",
+            t.checkpoint_id, t.producer_id, t.producer_epoch
+        ))),
     }
 }
 
@@ -629,6 +656,14 @@ fn check_producer(producer: &Producer0, id: &str) -> TaskResult {
     Ok(())
 }
 
+/// Serves the delivery reports waiting in `producer`'s queue, for at most `limit`.
+fn serve_reports(producer: &Producer0, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while producer.in_flight_count() > 0 && Instant::now() < deadline {
+        producer.poll(POLL_STEP);
+    }
+}
+
 /// Encodes and sends `batch` (drained) into `producer`'s queue, polling while the queue is
 /// full; returns the number of records sent.
 fn send_batch<T>(
@@ -655,7 +690,13 @@ fn send_batch<T>(
                     check_producer(producer, id)?;
                     record = back;
                 }
-                Err((e, _)) => return Err(producer_err(id, "cannot send a record", &e)),
+                Err((e, _)) => {
+                    // A transaction in an error state refuses records (librdkafka's `State`);
+                    // the delivery reports of the records that failed first tell why.
+                    serve_reports(producer, POLL_STEP * 20);
+                    check_producer(producer, id)?;
+                    return Err(producer_err(id, "cannot send a record", &e));
+                }
             }
         }
         sent += 1;
@@ -681,6 +722,9 @@ fn flush(producer: &Producer0, id: &str, timeout: Duration) -> TaskResult {
                 if Instant::now() < deadline =>
             {
                 producer.poll(POLL_STEP);
+                // A fenced producer's records may never leave its queue: fail at the first
+                // failed one instead of waiting out the timeout.
+                check_producer(producer, id)?;
             }
             Err(e) => return Err(producer_err(id, "flush", &e)),
         }
@@ -822,10 +866,10 @@ impl OpenTransaction {
     }
 }
 
-/// A pre-committed transaction, with the producer that commits it.
+/// A pre-committed transaction. Its producer is gone: the commit is an `EndTxn` with the
+/// stored producer id and epoch (see [`commit_prepared`]).
 struct Prepared {
     state: PreparedTransaction,
-    producer: Producer0,
     opened: Instant,
     warned: bool,
 }
@@ -947,7 +991,6 @@ impl<T> TransactionalWriter<T> {
                 records: txn.records,
                 opened_at_ms,
             },
-            producer: txn.producer,
             opened,
             warned: txn.warned,
         });
@@ -976,11 +1019,20 @@ impl<T> TransactionalWriter<T> {
         }
     }
 
-    /// Commits `producer`'s transaction.
-    fn commit_producer(producer: &Producer0, id: &str, timeout: Duration) -> TaskResult {
-        producer
-            .commit_transaction(timeout)
-            .map_err(|e| producer_err(id, "commit_transaction", &e))
+    /// Commits the transactions pre-committed up to `checkpoint_id`, in order.
+    fn commit_up_to(&mut self, checkpoint_id: u64) -> TaskResult {
+        while let Some(p) = self.pending.first() {
+            if p.state.checkpoint_id > checkpoint_id {
+                break;
+            }
+            commit_prepared(&mut self.wire, &self.shared.config, &p.state, false)?;
+            debug!(
+                "Kafka sink: committed transaction {} of checkpoint {}",
+                p.state.transactional_id, p.state.checkpoint_id
+            );
+            self.pending.remove(0);
+        }
+        Ok(())
     }
 }
 
@@ -1037,19 +1089,7 @@ impl<T: Send> SinkWriter<T> for TransactionalWriter<T> {
 
     fn commit(&mut self, checkpoint_id: u64) -> TaskResult {
         self.warn_pending();
-        let timeout = self.shared.config.request_timeout;
-        while let Some(p) = self.pending.first() {
-            if p.state.checkpoint_id > checkpoint_id {
-                break;
-            }
-            Self::commit_producer(&p.producer, &p.state.transactional_id, timeout)?;
-            debug!(
-                "Kafka sink: committed transaction {} of checkpoint {}",
-                p.state.transactional_id, p.state.checkpoint_id
-            );
-            self.pending.remove(0);
-        }
-        Ok(())
+        self.commit_up_to(checkpoint_id)
     }
 
     fn finish(&mut self) -> TaskResult {
@@ -1066,11 +1106,411 @@ impl<T: Send> SinkWriter<T> for TransactionalWriter<T> {
             return Ok(());
         }
         // Without checkpoints there is no commit point but the end of input.
-        if let Some(txn) = self.current.take() {
-            if txn.records > 0 {
-                Self::commit_producer(&txn.producer, &txn.id, self.shared.config.request_timeout)?;
+        self.prepare(0)?;
+        self.commit_up_to(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against a real broker with transactions: Tansu from `scripts/service-kafka` on
+    //! 127.0.0.1:59092 (`CAIRN_TEST_KAFKA_BROKERS` overrides). A missing broker fails the
+    //! tests that need one, naming the script that starts it.
+
+    use std::collections::HashSet;
+    use std::io::Write;
+
+    use super::*;
+    use crate::connectors::kafka::wire::TopicLog;
+
+    fn brokers() -> String {
+        std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into())
+    }
+
+    fn broker() -> WireClient {
+        let mut w = WireClient::new(&brokers(), Duration::from_secs(20));
+        if let Err(e) = w.topic_metadata("cairn-probe", false) {
+            panic!(
+                "no Kafka broker answers at {} ({e}): start it with scripts/service-kafka (or point CAIRN_TEST_KAFKA_BROKERS at one)",
+                brokers()
+            );
+        }
+        w
+    }
+
+    /// A sink into a new topic under a transactional id prefix of its own.
+    fn sink(w: &mut WireClient, what: &str, guarantee: KafkaGuarantee) -> KafkaSink<u64> {
+        let unique = format!("{what}-{}-{}", std::process::id(), fastrand::u64(..));
+        w.create_topic(&unique, 2).unwrap();
+        let mut config = KafkaSinkConfig::new(brokers(), unique.clone());
+        config.guarantee = guarantee;
+        config.transactional_id_prefix = Some(format!("test-{unique}"));
+        KafkaSink::new(
+            config,
+            Arc::new(|r: &u64, key: &mut Vec<u8>, value: &mut Vec<u8>| {
+                key.extend_from_slice(&r.to_be_bytes());
+                value.extend_from_slice(r.to_string().as_bytes());
+            }),
+        )
+        .unwrap()
+    }
+
+    /// A new sink object over the same topic and prefix: another process after a crash.
+    fn again(s: &KafkaSink<u64>) -> KafkaSink<u64> {
+        KafkaSink::new((*s.config).clone(), s.encoder.clone()).unwrap()
+    }
+
+    fn owner() -> SinkOwner {
+        SinkOwner {
+            job_id: "job".into(),
+            uid: "sink".into(),
+        }
+    }
+
+    fn writer(s: &KafkaSink<u64>) -> Box<dyn SinkWriter<u64>> {
+        s.create_writer(SinkContext {
+            owner: owner(),
+            subtask: 0,
+            parallelism: 1,
+            checkpointing: true,
+        })
+        .unwrap()
+    }
+
+    fn write(w: &mut dyn SinkWriter<u64>, records: std::ops::Range<u64>) {
+        w.write(&mut records.collect()).unwrap();
+    }
+
+    fn log(w: &mut WireClient, s: &KafkaSink<u64>) -> TopicLog {
+        w.read_topic(&s.config.topic).unwrap()
+    }
+
+    /// The committed records, sorted.
+    fn committed(log: &TopicLog) -> Vec<u64> {
+        let mut v: Vec<u64> = log
+            .committed_records()
+            .unwrap()
+            .into_iter()
+            .map(|r| {
+                let value = r.value.unwrap();
+                std::str::from_utf8(&value).unwrap().parse().unwrap()
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn transactions(state: &[Vec<u8>]) -> Vec<PreparedTransaction> {
+        state
+            .iter()
+            .filter_map(|b| match postcard::from_bytes(b).unwrap() {
+                PendingEntry::Transaction(t) => Some(t),
+                PendingEntry::Cursor { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Runs `f` with this thread's log lines captured; returns them.
+    fn captured(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
             }
         }
-        Ok(())
+        let buf = Buf::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let buf = buf.clone();
+                move || buf.clone()
+            })
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = buf.0.lock().unwrap().clone();
+        String::from_utf8(text).unwrap()
+    }
+
+    #[test]
+    fn guarantees_parse_and_print() {
+        for g in ["none", "at-least-once", "exactly-once"] {
+            assert_eq!(g.parse::<KafkaGuarantee>().unwrap().to_string(), g);
+        }
+        let e = "exactly_once".parse::<KafkaGuarantee>().unwrap_err();
+        assert!(e.contains("unknown Kafka guarantee 'exactly_once'"), "{e}");
+    }
+
+    #[test]
+    fn bad_configurations_are_refused() {
+        let encoder: KafkaEncoder<u64> = Arc::new(|_: &u64, _: &mut Vec<u8>, _: &mut Vec<u8>| {});
+        let mut c = KafkaSinkConfig::new("localhost", "t");
+        let e = KafkaSink::new(c.clone(), encoder.clone()).err().unwrap();
+        assert!(e.contains("'localhost' is not HOST:PORT"), "{e}");
+        c.brokers = "localhost:9092".into();
+        c.transaction_timeout = Duration::ZERO;
+        let e = KafkaSink::new(c.clone(), encoder.clone()).err().unwrap();
+        assert!(e.contains("transaction timeout"), "{e}");
+        c.transaction_timeout = Duration::from_secs(60);
+        c.topic = String::new();
+        assert!(KafkaSink::new(c, encoder).is_err());
+    }
+
+    #[test]
+    fn a_restore_continues_each_subtasks_numbering() {
+        let plan = RestorePlan {
+            restored_checkpoint: 7,
+            next: BTreeMap::from([(0, 3), (1, 5)]),
+        };
+        assert_eq!((plan.first(0), plan.first(1)), (3, 5));
+        // A subtask the checkpoint did not have starts above every number used before it.
+        assert_eq!(plan.first(2), 8);
+        assert_eq!(RestorePlan::default().first(0), 1);
+    }
+
+    #[test]
+    fn a_transaction_is_named_in_a_warning_near_its_timeout() {
+        let mut config = KafkaSinkConfig::new("localhost:9092", "t");
+        config.transaction_timeout = Duration::from_secs(100);
+        config.timeout_warning_ratio = 0.8;
+        let quiet = captured(|| {
+            assert!(!warn_if_near_timeout(
+                &config,
+                "p-0-1",
+                Duration::from_secs(79),
+                "open"
+            ));
+        });
+        assert!(quiet.is_empty(), "{quiet}");
+        let text = captured(|| {
+            assert!(warn_if_near_timeout(
+                &config,
+                "p-0-1",
+                Duration::from_secs(85),
+                "open"
+            ));
+        });
+        assert!(
+            text.contains("WARN") && text.contains("transaction p-0-1 (open) has been open for 85.0 s, 85% of transaction.timeout.ms (100000 ms)"),
+            "{text}"
+        );
+    }
+
+    /// A pre-committed transaction outlives its writer (the process died between pre-commit
+    /// and commit): the next attempt's restore commits it through `EndTxn` with the stored
+    /// producer id and epoch; a second restore from the same checkpoint commits it again
+    /// without harm; the writers continue with the next transactional id.
+    #[test]
+    fn a_restore_commits_the_pre_committed_transaction_idempotently() {
+        let mut w = broker();
+        let s = sink(&mut w, "commit", KafkaGuarantee::ExactlyOnce);
+        s.initialize(&owner(), None).unwrap();
+        let mut wr = writer(&s);
+        write(wr.as_mut(), 0..100);
+        let state = wr.pre_commit(1).unwrap();
+        drop(wr);
+        let before = log(&mut w, &s);
+        assert!(committed(&before).is_empty());
+        let txns = transactions(&state);
+        assert_eq!(txns.len(), 1);
+        assert!(txns[0].transactional_id.ends_with("-0-1"), "{txns:?}");
+        assert_eq!(
+            before
+                .transactions()
+                .iter()
+                .filter(|t| t.outcome.is_none())
+                .map(|t| (t.producer_id, t.producer_epoch))
+                .collect::<HashSet<_>>(),
+            HashSet::from([(txns[0].producer_id, txns[0].producer_epoch)]),
+            "the stored producer id and epoch are those of the open transaction's records"
+        );
+
+        let s2 = again(&s);
+        let text = captured(|| s2.initialize(&owner(), Some(state.clone())).unwrap());
+        assert!(
+            text.contains(&format!(
+                "committed transaction {} (producer id {}, epoch {}) of checkpoint 1",
+                txns[0].transactional_id, txns[0].producer_id, txns[0].producer_epoch
+            )),
+            "{text}"
+        );
+        let after = log(&mut w, &s);
+        assert_eq!(committed(&after), (0..100).collect::<Vec<_>>());
+        // Again, as a restart that restores the same checkpoint does.
+        let s3 = again(&s);
+        s3.initialize(&owner(), Some(state)).unwrap();
+        let markers = |l: &TopicLog| {
+            l.partitions
+                .iter()
+                .flatten()
+                .filter(|b| b.marker.is_some())
+                .count()
+        };
+        let again_log = log(&mut w, &s);
+        assert_eq!(markers(&again_log), markers(&after));
+        assert_eq!(committed(&again_log), (0..100).collect::<Vec<_>>());
+
+        let mut wr = writer(&s3);
+        write(wr.as_mut(), 100..150);
+        let next = transactions(&wr.pre_commit(2).unwrap());
+        assert!(next[0].transactional_id.ends_with("-0-2"), "{next:?}");
+        wr.commit(2).unwrap();
+        assert_eq!(committed(&log(&mut w, &s)), (0..150).collect::<Vec<_>>());
+    }
+
+    /// Transactions of checkpoints that never completed, and the one open when the process
+    /// died, are aborted by the restore (abort markers); so are those of an attempt that died
+    /// before completing anything after the restore; the output ends exactly once.
+    #[test]
+    fn a_restore_aborts_the_transactions_after_the_restored_checkpoint() {
+        let mut w = broker();
+        let s = sink(&mut w, "abort", KafkaGuarantee::ExactlyOnce);
+        s.initialize(&owner(), None).unwrap();
+        let mut wr = writer(&s);
+        write(wr.as_mut(), 0..10);
+        let restored = wr.pre_commit(1).unwrap();
+        wr.commit(1).unwrap();
+        write(wr.as_mut(), 10..20);
+        wr.pre_commit(2).unwrap();
+        write(wr.as_mut(), 20..30);
+        drop(wr);
+        let open = |l: &TopicLog| {
+            l.transactions()
+                .into_iter()
+                .filter(|t| t.outcome.is_none())
+                .count()
+        };
+        assert_eq!(open(&log(&mut w, &s)), 2);
+
+        // Attempt 2 restores checkpoint 1 and dies before completing another.
+        let s2 = again(&s);
+        let text = captured(|| s2.initialize(&owner(), Some(restored.clone())).unwrap());
+        // Transactions 2 and 3, and the next one, opened ahead.
+        assert!(
+            text.matches("fenced transactional id").count() >= 2,
+            "{text}"
+        );
+        let l = log(&mut w, &s);
+        assert_eq!(open(&l), 0);
+        assert_eq!(
+            l.transactions()
+                .iter()
+                .filter(|t| t.outcome == Some(Marker::Abort))
+                .count(),
+            2
+        );
+        assert_eq!(committed(&l), (0..10).collect::<Vec<_>>());
+        let mut wr = writer(&s2);
+        write(wr.as_mut(), 10..15);
+        // Flushed at a barrier whose checkpoint never completes.
+        wr.pre_commit(2).unwrap();
+        drop(wr);
+        assert_eq!(open(&log(&mut w, &s)), 1);
+
+        // Attempt 3 restores checkpoint 1 again and runs to the end.
+        let s3 = again(&s);
+        s3.initialize(&owner(), Some(restored)).unwrap();
+        assert_eq!(open(&log(&mut w, &s)), 0);
+        let mut wr = writer(&s3);
+        write(wr.as_mut(), 10..30);
+        wr.pre_commit(3).unwrap();
+        wr.commit(3).unwrap();
+        wr.finish().unwrap();
+        assert_eq!(committed(&log(&mut w, &s)), (0..30).collect::<Vec<_>>());
+    }
+
+    /// A restore after long downtime names the pre-committed transactions that come close to
+    /// the transaction timeout.
+    #[test]
+    fn a_restore_warns_about_transactions_near_their_timeout() {
+        let mut w = broker();
+        let s = sink(&mut w, "old", KafkaGuarantee::ExactlyOnce);
+        s.initialize(&owner(), None).unwrap();
+        let mut wr = writer(&s);
+        write(wr.as_mut(), 0..5);
+        let state = wr.pre_commit(1).unwrap();
+        drop(wr);
+        // As if the job had been down for 13 of the transaction timeout's 15 minutes.
+        let aged: Vec<Vec<u8>> = state
+            .iter()
+            .map(|b| match postcard::from_bytes(b).unwrap() {
+                PendingEntry::Transaction(mut t) => {
+                    t.opened_at_ms -= 13 * 60 * 1000;
+                    postcard::to_stdvec(&PendingEntry::Transaction(t)).unwrap()
+                }
+                cursor => postcard::to_stdvec(&cursor).unwrap(),
+            })
+            .collect();
+        let id = &transactions(&state)[0].transactional_id;
+        let text = captured(|| again(&s).initialize(&owner(), Some(aged)).unwrap());
+        assert!(
+            text.contains(&format!(
+                "transaction {id} (pre-committed before the restore) has been open for 780."
+            )),
+            "{text}"
+        );
+        assert_eq!(committed(&log(&mut w, &s)), (0..5).collect::<Vec<_>>());
+    }
+
+    /// Another producer takes over the writer's transactional id: the writer fails with an
+    /// error naming the id as fenced instead of writing on.
+    #[test]
+    fn a_fenced_writer_fails_naming_its_transactional_id() {
+        let mut w = broker();
+        let s = sink(&mut w, "fenced", KafkaGuarantee::ExactlyOnce);
+        s.initialize(&owner(), None).unwrap();
+        let mut wr = writer(&s);
+        write(wr.as_mut(), 0..10);
+        let id = format!(
+            "{}-0-1",
+            s.config.transactional_id_prefix.as_deref().unwrap()
+        );
+        let zombie_killer: Producer0 = client_config(&brokers(), "test")
+            .set("transactional.id", &id)
+            .create_with_context(Deliveries::default())
+            .unwrap();
+        zombie_killer
+            .init_transactions(Duration::from_secs(30))
+            .unwrap();
+        let result = wr
+            .write(&mut (10..20).collect())
+            .and_then(|()| wr.pre_commit(1).map(|_| ()));
+        let e = result.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("the producer of transactional id {id} was fenced")),
+            "{e}"
+        );
+        assert!(committed(&log(&mut w, &s)).is_empty());
+    }
+
+    /// At-least-once flushes at the barrier: every record before it is in the log when the
+    /// pre-commit returns.
+    #[test]
+    fn at_least_once_flushes_at_the_barrier() {
+        let mut w = broker();
+        let s = sink(&mut w, "alo", KafkaGuarantee::AtLeastOnce);
+        s.initialize(&owner(), None).unwrap();
+        let mut wr = writer(&s);
+        write(wr.as_mut(), 0..1000);
+        assert!(wr.pre_commit(1).unwrap().is_empty());
+        assert_eq!(committed(&log(&mut w, &s)), (0..1000).collect::<Vec<_>>());
+        wr.finish().unwrap();
+    }
+
+    #[test]
+    fn an_unreachable_broker_is_named() {
+        let mut config = KafkaSinkConfig::new("127.0.0.1:1", "t");
+        config.request_timeout = Duration::from_secs(5);
+        let s: KafkaSink<u64> = KafkaSink::new(
+            config,
+            Arc::new(|_: &u64, _: &mut Vec<u8>, _: &mut Vec<u8>| {}),
+        )
+        .unwrap();
+        let e = s.initialize(&owner(), None).unwrap_err().to_string();
+        assert!(e.contains("cannot reach Kafka broker 127.0.0.1:1"), "{e}");
     }
 }
