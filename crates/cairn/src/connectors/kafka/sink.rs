@@ -1138,10 +1138,11 @@ mod tests {
         w
     }
 
-    /// A sink into a new topic under a transactional id prefix of its own.
+    /// A sink into a new topic under a transactional id prefix of its own. One partition, so
+    /// that each transaction is one run of records in the log.
     fn sink(w: &mut WireClient, what: &str, guarantee: KafkaGuarantee) -> KafkaSink<u64> {
         let unique = format!("{what}-{}-{}", std::process::id(), fastrand::u64(..));
-        w.create_topic(&unique, 2).unwrap();
+        w.create_topic(&unique, 1).unwrap();
         let mut config = KafkaSinkConfig::new(brokers(), unique.clone());
         config.guarantee = guarantee;
         config.transactional_id_prefix = Some(format!("test-{unique}"));
@@ -1377,13 +1378,22 @@ mod tests {
         write(wr.as_mut(), 10..20);
         wr.pre_commit(2).unwrap();
         write(wr.as_mut(), 20..30);
-        drop(wr);
         let open = |l: &TopicLog| {
             l.transactions()
                 .into_iter()
                 .filter(|t| t.outcome.is_none())
                 .count()
         };
+        // The process dies mid-transaction, once librdkafka sent those records on its own.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while open(&log(&mut w, &s)) < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the open transaction's records never arrived"
+            );
+            std::thread::park_timeout(Duration::from_millis(10));
+        }
+        drop(wr);
         assert_eq!(open(&log(&mut w, &s)), 2);
 
         // Attempt 2 restores checkpoint 1 and dies before completing another.
