@@ -21,6 +21,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
+/// A record's key and value.
+type KeyValue = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 fn brokers() -> String {
     std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into())
 }
@@ -49,7 +52,7 @@ fn new_topic(w: &mut WireClient, what: &str, partitions: i32) -> String {
 }
 
 /// Every `WORD<TAB>COUNT` record, by word; checks the key is the word.
-fn counts_of(records: &[(Option<Vec<u8>>, Option<Vec<u8>>)]) -> HashMap<String, Vec<u64>> {
+fn counts_of(records: &[KeyValue]) -> HashMap<String, Vec<u64>> {
     let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
     for (key, value) in records {
         let value = String::from_utf8(value.clone().expect("a value")).expect("UTF-8 value");
@@ -65,7 +68,7 @@ fn counts_of(records: &[(Option<Vec<u8>>, Option<Vec<u8>>)]) -> HashMap<String, 
 }
 
 /// The committed records of `log`, as key and value.
-fn committed(log: &TopicLog) -> Vec<(Option<Vec<u8>>, Option<Vec<u8>>)> {
+fn committed(log: &TopicLog) -> Vec<KeyValue> {
     log.committed_records()
         .unwrap()
         .into_iter()
@@ -104,10 +107,7 @@ fn check_counts(mut seen: HashMap<String, Vec<u64>>, expected: &HashMap<String, 
 
 /// What librdkafka's consumer with `isolation.level=read_committed` reads from `topic` up to
 /// the end of every partition.
-fn read_committed_with_librdkafka(
-    w: &mut WireClient,
-    topic: &str,
-) -> Vec<(Option<Vec<u8>>, Option<Vec<u8>>)> {
+fn read_committed_with_librdkafka(w: &mut WireClient, topic: &str) -> Vec<KeyValue> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("group.id", "cairn-kafka-sink-test")

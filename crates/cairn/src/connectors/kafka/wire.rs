@@ -494,7 +494,7 @@ impl WireClient {
     /// Sends `req` about `transactional_id` to its coordinator, finding it again (and
     /// retrying) while the broker says it is not the coordinator, is loading, or is still
     /// completing an earlier transaction of the id.
-    fn to_coordinator<R: Request>(
+    fn send_to_coordinator<R: Request>(
         &mut self,
         api: &'static str,
         transactional_id: &str,
@@ -540,9 +540,10 @@ impl WireClient {
         let req = InitProducerIdRequest::default()
             .with_transactional_id(Some(TransactionalId(str_bytes(transactional_id))))
             .with_transaction_timeout_ms(transaction_timeout_ms);
-        let answer = self.to_coordinator("InitProducerId", transactional_id, &req, 0..=4, |a| {
-            a.error_code
-        })?;
+        let answer =
+            self.send_to_coordinator("InitProducerId", transactional_id, &req, 0..=4, |a| {
+                a.error_code
+            })?;
         Ok(ProducerIdentity {
             id: answer.producer_id.0,
             epoch: answer.producer_epoch,
@@ -562,7 +563,7 @@ impl WireClient {
             .with_producer_id(producer.id.into())
             .with_producer_epoch(producer.epoch)
             .with_committed(commit);
-        self.to_coordinator("EndTxn", transactional_id, &req, 0..=3, |a| a.error_code)?;
+        self.send_to_coordinator("EndTxn", transactional_id, &req, 0..=3, |a| a.error_code)?;
         Ok(())
     }
 
