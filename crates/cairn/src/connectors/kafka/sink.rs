@@ -1497,6 +1497,26 @@ mod tests {
         assert!(committed(&log(&mut w, &s)).is_empty());
     }
 
+    /// Without checkpoints the exactly-once sink commits its transaction at the end of input.
+    #[test]
+    fn without_checkpoints_the_end_of_input_commits() {
+        let mut w = broker();
+        let s = sink(&mut w, "nock", KafkaGuarantee::ExactlyOnce);
+        s.initialize(&owner(), None).unwrap();
+        let mut wr = s
+            .create_writer(SinkContext {
+                owner: owner(),
+                subtask: 0,
+                parallelism: 1,
+                checkpointing: false,
+            })
+            .unwrap();
+        write(wr.as_mut(), 0..100);
+        assert!(committed(&log(&mut w, &s)).is_empty());
+        wr.finish().unwrap();
+        assert_eq!(committed(&log(&mut w, &s)), (0..100).collect::<Vec<_>>());
+    }
+
     /// At-least-once flushes at the barrier: every record before it is in the log when the
     /// pre-commit returns.
     #[test]
