@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::human;
 
+mod kafka;
 mod kafka_source;
 mod postgres;
 mod s3;
@@ -51,9 +52,18 @@ pub struct BenchArgs {
     /// PostgreSQL sink modes (2pc, upsert, wal) with 1s checkpoints against --discard
     /// (CAIRN_BENCH_PG_URL, default: the scripts/service-postgres server) [--records default:
     /// 2000000]; `kafka-source`: wordcount reading a pre-filled topic of librdkafka's mock
-    /// cluster, per parallelism.
+    /// cluster, per parallelism; `kafka`: generator -> Kafka with the Kafka sink's guarantees
+    /// none, at-least-once and exactly-once (1 s checkpoints).
     #[arg(long, default_value = "throughput")]
     suite: String,
+    /// `kafka`: the Kafka broker the sink benchmark writes to (HOST:PORT).
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "CAIRN_TEST_KAFKA_BROKERS",
+        default_value = "127.0.0.1:59092"
+    )]
+    kafka_brokers: String,
 }
 
 impl BenchArgs {
@@ -868,10 +878,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return kafka_source::run(&args);
         }
+        "kafka" => {
+            let records = args.records.unwrap_or(3_000_000);
+            let r = kafka::run(
+                &exe,
+                &scratch,
+                &args.kafka_brokers,
+                records,
+                args.keys()?,
+                args.repeat,
+            );
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres, kafka-source"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres, kafka-source, kafka"
             )
         }
     }

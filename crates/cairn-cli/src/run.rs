@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use cairn::api::JobGraph;
 use cairn::cluster::{BuiltJob, JobFactory};
 use cairn::config::{keys, JobConfig};
-use cairn::connectors::kafka::KafkaSourceConfig;
+use cairn::connectors::kafka::{KafkaSinkConfig, KafkaSourceConfig};
 use cairn::jobs::nexmark::{self, NexmarkArgs};
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::jobs::{backpressure, pipelines};
@@ -133,7 +133,8 @@ pub struct RunArgs {
     /// Require `Authorization: Bearer TOKEN` on every REST request.
     #[arg(long, value_name = "TOKEN", requires = "rest")]
     rest_token: Option<String>,
-    /// Kafka bootstrap brokers, HOST:PORT[,HOST:PORT...] (plain TCP).
+    /// Kafka bootstrap brokers of --kafka-input and --kafka-output, HOST:PORT[,HOST:PORT...]
+    /// (bootstrap.servers, plain TCP).
     #[arg(long, value_name = "HOST:PORT")]
     kafka_brokers: Option<String>,
     /// wordcount: read lines of words from this Kafka topic (the record values); its partitions'
@@ -157,6 +158,20 @@ pub struct RunArgs {
     /// [default: 5min].
     #[arg(long, value_name = "DURATION", requires = "kafka_input")]
     kafka_discovery_interval: Option<String>,
+    /// wordcount: write every update to this Kafka topic, key the word, value WORD<TAB>COUNT.
+    #[arg(long, value_name = "TOPIC", requires = "kafka_brokers", conflicts_with_all = ["output", "discard", "pg_output"])]
+    kafka_output: Option<String>,
+    /// --kafka-output's guarantee: none, at-least-once, or exactly-once (Kafka transactions
+    /// committed with the checkpoints) [default: exactly-once].
+    #[arg(long, value_name = "GUARANTEE", requires = "kafka_output")]
+    kafka_guarantee: Option<String>,
+    /// Prefix of --kafka-output's transactional ids (exactly-once) [default: cairn-<job id>-<sink uid>].
+    #[arg(long, value_name = "PREFIX", requires = "kafka_output")]
+    kafka_transactional_id_prefix: Option<String>,
+    /// --kafka-output's transaction.timeout.ms (exactly-once), e.g. 15min: the broker aborts
+    /// transactions open longer [default: 15min].
+    #[arg(long, value_name = "DURATION", requires = "kafka_output")]
+    kafka_transaction_timeout: Option<String>,
 }
 
 /// `--kafka-input` and its flags.
@@ -194,6 +209,28 @@ fn kafka_input(args: &RunArgs) -> Result<WordInput> {
     }
     config.bounded = args.kafka_bounded;
     Ok(WordInput::Kafka(config))
+}
+
+/// `--kafka-output` and its flags.
+fn kafka_output(args: &RunArgs) -> Result<Option<WordOutput>> {
+    let (Some(brokers), Some(topic)) = (&args.kafka_brokers, &args.kafka_output) else {
+        if args.kafka_brokers.is_some() && args.kafka_input.is_none() {
+            bail!("--kafka-brokers needs --kafka-input TOPIC or --kafka-output TOPIC");
+        }
+        return Ok(None);
+    };
+    let mut config = KafkaSinkConfig::new(brokers, topic);
+    if let Some(g) = &args.kafka_guarantee {
+        config.guarantee = g
+            .parse()
+            .map_err(|e| anyhow!("invalid value '{g}' for --kafka-guarantee: {e}"))?;
+    }
+    config.transactional_id_prefix = args.kafka_transactional_id_prefix.clone();
+    if let Some(t) = &args.kafka_transaction_timeout {
+        config.transaction_timeout = cairn::config::parse_duration(t)
+            .map_err(|e| anyhow!("invalid value '{t}' for --kafka-transaction-timeout: {e}"))?;
+    }
+    Ok(Some(WordOutput::Kafka(config)))
 }
 
 /// Builds the configuration: defaults, then the file, then -D, then the dedicated flags.
@@ -434,6 +471,7 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
         Some(url) => postgres_output(args, url)?,
         None => output,
     };
+    let output = kafka_output(args)?.unwrap_or(output);
     if args.job == "nexmark" {
         let nexmark = nexmark_args(args)?;
         let graph = nexmark::build(&nexmark, &output).map_err(|e| anyhow!(e))?;

@@ -153,6 +153,7 @@ pub fn build(args: &BackpressureArgs) -> Result<JobGraph, String> {
                     .into(),
             )
         }
+        WordOutput::Kafka(_) => return Err("backpressure writes to --output DIR, not Kafka".into()),
     };
     sink.uid("sink").name("throttled-sink");
     env.build("backpressure")

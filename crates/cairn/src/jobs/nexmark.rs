@@ -153,9 +153,9 @@ pub fn source_records(args: &NexmarkArgs) -> Result<u64, String> {
 /// Builds the query's job graph.
 pub fn build(args: &NexmarkArgs, output: &WordOutput) -> Result<JobGraph, String> {
     args.validate()?;
-    if matches!(output, WordOutput::Postgres { .. }) {
+    if matches!(output, WordOutput::Postgres { .. } | WordOutput::Kafka(_)) {
         return Err(
-            "nexmark writes to files, prints or discards: --pg-output is a flag of wordcount"
+            "nexmark writes to files, prints or discards: --pg-output and --kafka-output are flags of wordcount"
                 .into(),
         );
     }
@@ -275,8 +275,10 @@ fn sink<T: Data>(rows: DataStream<T>, output: &WordOutput, encode: fn(&T, &mut V
     let encoder: Encoder<T> = Arc::new(encode);
     let sink = match output {
         WordOutput::Dir(dir) => rows.sink(FileSink::new(dir, encoder)).name("file-sink"),
-        // `build` refuses a PostgreSQL output before any query is built.
-        WordOutput::Discard | WordOutput::Postgres { .. } => rows.sink(DiscardSink).name("discard"),
+        // `build` refuses PostgreSQL and Kafka outputs before any query is built.
+        WordOutput::Discard | WordOutput::Postgres { .. } | WordOutput::Kafka(_) => {
+            rows.sink(DiscardSink).name("discard")
+        }
         WordOutput::Print => rows.sink(PrintSink::new(encoder)).name("print"),
     };
     sink.uid("sink");

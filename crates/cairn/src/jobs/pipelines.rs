@@ -32,6 +32,9 @@ pub fn build(count: u64, keys: u64, output: &WordOutput) -> Result<JobGraph, Str
                         .into(),
                 )
             }
+            WordOutput::Kafka(_) => {
+                return Err("pipelines writes to --output DIR, not Kafka".into())
+            }
         };
         sink.uid(&format!("{name}-sink"))
             .name(&format!("{name}-sink"));

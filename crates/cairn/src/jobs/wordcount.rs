@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::api::{Collector, JobGraph, KeyedProcessFunction, StreamEnv};
+use crate::connectors::kafka::{KafkaEncoder, KafkaSink, KafkaSinkConfig};
 use crate::connectors::kafka::{KafkaSource, KafkaSourceConfig};
 use crate::connectors::{
     DiscardSink, Encoder, FileSink, FileSource, GeneratorSource, PgMode, PostgresSink, PrintSink,
@@ -47,6 +48,8 @@ pub enum WordOutput {
         /// 2pc, upsert or wal.
         mode: PgMode,
     },
+    /// A Kafka topic: one record per update, key the word, value `WORD<TAB>COUNT`.
+    Kafka(KafkaSinkConfig),
 }
 
 /// The running count per word.
@@ -87,6 +90,16 @@ fn encode_line(r: &(Word, u64), out: &mut Vec<u8>) {
 /// The `WORD<TAB>COUNT` line encoder.
 pub fn encoder() -> Encoder<(Word, u64)> {
     Arc::new(encode_line)
+}
+
+/// The Kafka record of an update: key the word, value `WORD<TAB>COUNT`.
+pub fn kafka_encoder() -> KafkaEncoder<(Word, u64)> {
+    Arc::new(|r: &(Word, u64), key: &mut Vec<u8>, value: &mut Vec<u8>| {
+        key.extend_from_slice(r.0.as_bytes());
+        value.extend_from_slice(r.0.as_bytes());
+        value.push(b'\t');
+        value.extend_from_slice(itoa::Buffer::new().format(r.1).as_bytes());
+    })
 }
 
 /// Builds the wordcount job graph.
@@ -133,6 +146,9 @@ pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String>
         WordOutput::Postgres { url, table, mode } => counts
             .sink(PostgresSink::new(url, table, *mode)?)
             .name("postgres-sink"),
+        WordOutput::Kafka(config) => counts
+            .sink(KafkaSink::new(config.clone(), kafka_encoder())?)
+            .name("kafka-sink"),
     };
     sink.uid("sink");
     env.build("wordcount")

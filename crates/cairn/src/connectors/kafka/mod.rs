@@ -1,9 +1,45 @@
-//! Kafka connectors, through librdkafka (crate `rdkafka`, re-exported for tests and tools
-//! that produce or inspect topics).
+//! Kafka connectors, on librdkafka (crate `rdkafka`, re-exported for tests and tools that
+//! produce or inspect topics), with the few transaction requests librdkafka does not expose
+//! spoken directly ([`wire`]).
 
+mod sink;
 mod source;
+pub mod wire;
 
 pub use rdkafka;
+pub use sink::{KafkaEncoder, KafkaGuarantee, KafkaSink, KafkaSinkConfig};
 pub use source::{
     KafkaDeserializer, KafkaMessage, KafkaSource, KafkaSourceConfig, OffsetReset, StartFrom,
 };
+
+use rdkafka::config::ClientConfig;
+
+/// The librdkafka settings every cairn Kafka client starts from: the brokers and a client id
+/// that names the connector in the brokers' logs.
+pub(crate) fn client_config(brokers: &str, client_id: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("client.id", client_id);
+    config
+}
+
+/// Checks a `HOST:PORT[,HOST:PORT...]` broker list, so that a typo is an error naming the
+/// flag's value instead of a client that retries forever.
+pub(crate) fn check_brokers(brokers: &str) -> Result<(), String> {
+    let mut any = false;
+    for b in brokers.split(',').map(str::trim) {
+        let ok = b
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(format!("Kafka brokers '{brokers}': '{b}' is not HOST:PORT"));
+        }
+        any = true;
+    }
+    if any {
+        Ok(())
+    } else {
+        Err("no Kafka broker given".into())
+    }
+}

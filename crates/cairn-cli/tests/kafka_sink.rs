@@ -1,0 +1,567 @@
+//! The Kafka sink end to end: `cairn run wordcount --kafka-output` against a real
+//! Kafka-protocol broker with transactions, Tansu from `scripts/service-kafka` on
+//! 127.0.0.1:59092 (`CAIRN_TEST_KAFKA_BROKERS` points the tests at another broker). A missing
+//! broker fails every test, naming the script that starts it.
+//!
+//! Tansu hands aborted records to `read_committed` consumers, so the committed output is
+//! computed from the raw log (read uncommitted, with its transaction markers) the way a
+//! read-committed consumer must see it ([`TopicLog::committed_records`]); the undisturbed run
+//! checks that librdkafka's own `read_committed` consumer sees the same records.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn::connectors::kafka::wire::{Marker, TopicLog, TransactionFate, WireClient};
+use common::*;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+/// A record's key and value.
+type KeyValue = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+fn brokers() -> String {
+    std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into())
+}
+
+/// A client of the test broker; fails the test if no broker answers.
+fn broker() -> WireClient {
+    let mut w = WireClient::new(&brokers(), Duration::from_secs(20));
+    if let Err(e) = w.topic_metadata("cairn-probe", false) {
+        panic!(
+            "no Kafka broker answers at {} ({e}): start it with scripts/service-kafka (or point CAIRN_TEST_KAFKA_BROKERS at one)",
+            brokers()
+        );
+    }
+    w
+}
+
+/// A new topic of `partitions` partitions, named after `what` and unique to this run.
+fn new_topic(w: &mut WireClient, what: &str, partitions: i32) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let topic = format!("{what}-{}-{nanos}", std::process::id());
+    w.create_topic(&topic, partitions).unwrap();
+    topic
+}
+
+/// Every `WORD<TAB>COUNT` record, by word; checks the key is the word.
+fn counts_of(records: &[KeyValue]) -> HashMap<String, Vec<u64>> {
+    let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
+    for (key, value) in records {
+        let value = String::from_utf8(value.clone().expect("a value")).expect("UTF-8 value");
+        let (word, count) = value
+            .split_once('\t')
+            .unwrap_or_else(|| panic!("bad value {value:?}"));
+        assert_eq!(key.as_deref(), Some(word.as_bytes()), "key of {value:?}");
+        seen.entry(word.to_string())
+            .or_default()
+            .push(count.parse().expect("count"));
+    }
+    seen
+}
+
+/// The committed records of `log`, as key and value.
+fn committed(log: &TopicLog) -> Vec<KeyValue> {
+    log.committed_records()
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.key.map(|b| b.to_vec()), r.value.map(|b| b.to_vec())))
+        .collect()
+}
+
+/// Duplicates and losses of the counts `seen` against the expected occurrences.
+fn check_counts(mut seen: HashMap<String, Vec<u64>>, expected: &HashMap<String, u64>) -> Check {
+    let mut check = Check::default();
+    for (w, &n) in expected {
+        let mut present = vec![0u64; n as usize + 1];
+        for c in seen.remove(w).unwrap_or_default() {
+            assert!(c >= 1, "word {w}: count {c}");
+            if c > n {
+                check.duplicates += 1;
+            } else {
+                present[c as usize] += 1;
+            }
+        }
+        for &times in &present[1..] {
+            match times {
+                0 => check.missing += 1,
+                1 => {}
+                more => check.duplicates += more - 1,
+            }
+        }
+    }
+    assert!(
+        seen.is_empty(),
+        "unexpected words: {:?}",
+        seen.keys().take(5).collect::<Vec<_>>()
+    );
+    check
+}
+
+/// What librdkafka's consumer with `isolation.level=read_committed` reads from `topic` up to
+/// the end of every partition.
+fn read_committed_with_librdkafka(w: &mut WireClient, topic: &str) -> Vec<KeyValue> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", "cairn-kafka-sink-test")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let partitions = w
+        .topic_metadata(topic, false)
+        .unwrap()
+        .unwrap()
+        .leaders
+        .len();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let mut at_end: HashSet<i32> = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while at_end.len() < partitions {
+        assert!(Instant::now() < deadline, "read_committed consumer stalled");
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                at_end.remove(&m.partition());
+                out.push((m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec)));
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => panic!("read_committed consumer: {e}"),
+            None => {}
+        }
+    }
+    out
+}
+
+/// Runs `cmd` with stderr into `log` and kills it with SIGKILL once `cond` holds.
+fn kill_when(mut cmd: Command, log: &Path, mut cond: impl FnMut() -> bool) {
+    let mut child = cmd
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "ended ({status}) too early: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the condition to kill never held"
+        );
+        std::thread::park_timeout(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn wordcount(
+    topic: &str,
+    ck: &Path,
+    count: u64,
+    keys: u64,
+    guarantee: &str,
+    extra: &[&str],
+) -> Command {
+    let mut cmd = cairn();
+    cmd.args(["run", "wordcount", "-p", "2"])
+        .args([
+            "--generate",
+            &count.to_string(),
+            "--keys",
+            &keys.to_string(),
+        ])
+        .args(["--kafka-brokers", &brokers(), "--kafka-output", topic])
+        .args(["--kafka-guarantee", guarantee])
+        .arg("--checkpoint-dir")
+        .arg(ck)
+        .args(["--checkpoint-interval", "300ms", "--from", "latest"])
+        .args(extra)
+        .stdout(Stdio::null());
+    cmd
+}
+
+#[test]
+fn exactly_once_wordcount_commits_every_count_once() {
+    let mut w = broker();
+    let topic = new_topic(&mut w, "eo", 3);
+    let tmp = tempfile::tempdir().unwrap();
+    let (count, keys) = (300_000u64, 2_000u64);
+    let out = run_ok(&mut wordcount(
+        &topic,
+        &tmp.path().join("ck"),
+        count,
+        keys,
+        "exactly-once",
+        &[],
+    ));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let log = w.read_topic(&topic).unwrap();
+    let txns = log.transactions();
+    assert!(
+        txns.len() >= 4,
+        "{} transactions; expected several checkpoints: {stderr}",
+        txns.len()
+    );
+    assert!(
+        txns.iter().all(|t| t.outcome == Some(Marker::Commit)),
+        "an undisturbed run commits every transaction: {:?}",
+        txns.iter()
+            .filter(|t| t.outcome != Some(Marker::Commit))
+            .collect::<Vec<_>>()
+    );
+    let records = committed(&log);
+    assert_eq!(records.len() as u64, count);
+    let c = check_counts(counts_of(&records), &generated_counts(count, keys));
+    assert_eq!((c.duplicates, c.missing), (0, 0));
+    // librdkafka's read-committed consumer sees the same records.
+    let mut theirs = read_committed_with_librdkafka(&mut w, &topic);
+    let mut ours = records;
+    theirs.sort();
+    ours.sort();
+    assert!(theirs == ours, "read_committed consumer disagrees");
+}
+
+/// A restored run's log lines about the transactions it committed and fenced.
+#[derive(Debug, Default)]
+struct RestoreLog {
+    /// Producer ids whose transactions the restore committed (or found committed).
+    committed: HashSet<i64>,
+    /// Transactional ids it fenced.
+    fenced: Vec<String>,
+}
+
+fn producer_id_in(line: &str) -> i64 {
+    let rest = line.split_once("(producer id ").expect("a producer id").1;
+    rest.split(',').next().unwrap().parse().unwrap()
+}
+
+fn restore_log(stderr: &str) -> RestoreLog {
+    let mut log = RestoreLog::default();
+    for line in stderr.lines().filter(|l| l.contains("Kafka sink 'sink': ")) {
+        if line.contains(": committed transaction ") || line.contains(": found transaction ") {
+            log.committed.insert(producer_id_in(line));
+        } else if let Some(rest) = line.split_once(": fenced transactional id ") {
+            log.fenced
+                .push(rest.1.split(' ').next().unwrap().to_string());
+        }
+    }
+    log
+}
+
+/// The newest completed checkpoint under `ck` and the highest checkpoint directory.
+fn checkpoint_progress(ck: &Path) -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64)> = None;
+    for job in std::fs::read_dir(ck).ok()? {
+        let job = job.unwrap().path();
+        let (mut completed, mut highest) = (None, 0u64);
+        for e in std::fs::read_dir(&job).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = name
+                .strip_prefix("chk-")
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            highest = highest.max(id);
+            if e.path().join("_metadata").exists() {
+                completed = completed.max(Some(id));
+            }
+        }
+        if let Some(id) = completed {
+            best = Some((id, highest));
+        }
+    }
+    best
+}
+
+/// The transactions of `before` that were open (records, no marker), with their fate in
+/// `after`.
+fn fates_of_open(before: &TopicLog, after: &TopicLog) -> Vec<(TransactionFate, Option<Marker>)> {
+    let later = after.transactions();
+    before
+        .transactions()
+        .into_iter()
+        .filter(|t| t.outcome.is_none())
+        .map(|t| {
+            let fate = later
+                .iter()
+                .find(|l| {
+                    l.partition == t.partition
+                        && l.producer_id == t.producer_id
+                        && l.first_offset == t.first_offset
+                })
+                .and_then(|l| l.outcome);
+            (t, fate)
+        })
+        .collect()
+}
+
+/// Kills wordcount (exactly-once into Kafka, parallelism 2) at the sink's failpoints and in
+/// mid-transaction, resumes each time from the latest checkpoint, and checks: every kill
+/// landed where it was meant to, with transactions open; each resume committed the
+/// transactions of the restored checkpoint (through `EndTxn` with the stored producer id and
+/// epoch) and aborted the later ones (their abort markers in the log); the committed output
+/// never holds a duplicate; and at the end it equals an undisturbed run's (every count once).
+#[test]
+fn sigkill_at_the_sinks_failpoints_and_mid_transaction_keeps_exactly_once() {
+    let mut w = broker();
+    let topic = new_topic(&mut w, "eo-kill", 3);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let (count, keys) = (3_000_000u64, 5_000u64);
+    let expected = generated_counts(count, keys);
+    let run = || wordcount(&topic, &ck, count, keys, "exactly-once", &[]);
+    let mut committed_by_restore = 0;
+    let mut aborted_by_restore = 0;
+    // (point, log before the kill's successor ran); the successor's stderr tells what it did.
+    let mut previous: Option<(String, TopicLog)> = None;
+    for (i, point) in ["sink-pre-committed", "sink-committing", "mid-transaction"]
+        .into_iter()
+        .enumerate()
+    {
+        let base = checkpoint_progress(&ck).map_or(0, |(_, highest)| highest);
+        let marker = tmp.path().join(format!("marker-{i}"));
+        let log_path = tmp.path().join(format!("run-{i}.log"));
+        if point == "mid-transaction" {
+            // No failpoint: killed while records flow, once a checkpoint past the restored
+            // one completed, so that open transactions hold records.
+            kill_when(run(), &log_path, || {
+                checkpoint_progress(&ck).is_some_and(|(id, _)| id > base)
+            });
+        } else {
+            let (name, id) = kill_at_failpoint(run(), point, base + 2, &marker, &log_path)
+                .unwrap_or_else(|e| panic!("{point}: {e}"));
+            assert_eq!(name, point);
+            let completed = checkpoint_progress(&ck).map_or(0, |(c, _)| c);
+            if point == "sink-committing" {
+                assert!(completed >= id, "{point} {id}: {completed} completed");
+            } else {
+                assert!(completed < id, "{point} {id}: {completed} completed");
+            }
+        }
+        let log = w.read_topic(&topic).unwrap();
+        let open = log
+            .transactions()
+            .into_iter()
+            .filter(|t| t.outcome.is_none() && t.records > 0)
+            .count();
+        assert!(open > 0, "the kill at {point} left no transaction open");
+        let so_far = check_counts(counts_of(&committed(&log)), &expected);
+        assert_eq!(so_far.duplicates, 0, "duplicates committed before {point}");
+        if let Some((prev_point, prev_log)) = previous.take() {
+            let stderr = std::fs::read_to_string(tmp.path().join(format!("run-{i}.log")))
+                .unwrap_or_default();
+            let (c, a) = check_restore(&prev_point, &prev_log, &log, &restore_log(&stderr));
+            committed_by_restore += c;
+            aborted_by_restore += a;
+        }
+        previous = Some((point.to_string(), log));
+    }
+    let out = run_ok(run().stderr(Stdio::piped()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (prev_point, prev_log) = previous.expect("three kills");
+    let log = w.read_topic(&topic).unwrap();
+    let (c, a) = check_restore(&prev_point, &prev_log, &log, &restore_log(&stderr));
+    committed_by_restore += c;
+    aborted_by_restore += a;
+    assert!(
+        committed_by_restore > 0,
+        "no restore committed a pre-committed transaction"
+    );
+    assert!(aborted_by_restore > 0, "no restore aborted a transaction");
+    assert!(
+        log.transactions().iter().all(|t| t.outcome.is_some()),
+        "transactions left open at the end"
+    );
+    let c = check_counts(counts_of(&committed(&log)), &expected);
+    assert_eq!((c.duplicates, c.missing), (0, 0), "{stderr}");
+    eprintln!(
+        "restores committed {committed_by_restore} and aborted {aborted_by_restore} transactions left open by SIGKILLs"
+    );
+}
+
+/// The transactions a kill at `point` left open (in `before`) all ended in `after`: those the
+/// resumed run committed (its log lines name their producer ids) with a commit marker, all
+/// others with an abort marker. Returns how many were committed and aborted.
+fn check_restore(
+    point: &str,
+    before: &TopicLog,
+    after: &TopicLog,
+    restore: &RestoreLog,
+) -> (usize, usize) {
+    let (mut committed, mut aborted) = (0, 0);
+    for (t, fate) in fates_of_open(before, after) {
+        if restore.committed.contains(&t.producer_id) {
+            assert_eq!(
+                fate,
+                Some(Marker::Commit),
+                "after {point}: the restored checkpoint's transaction {t:?} was not committed"
+            );
+            committed += 1;
+        } else {
+            assert_eq!(
+                fate,
+                Some(Marker::Abort),
+                "after {point}: the later transaction {t:?} was not aborted ({restore:?})"
+            );
+            aborted += 1;
+        }
+    }
+    if point == "sink-committing" {
+        // The checkpoint completed but the stopped subtask had not committed: the restore did.
+        assert!(
+            committed > 0,
+            "after {point}: nothing committed by the restore"
+        );
+    }
+    assert!(
+        !restore.fenced.is_empty() || aborted == 0,
+        "after {point}: aborts without fenced ids: {restore:?}"
+    );
+    (committed, aborted)
+}
+
+#[test]
+fn at_least_once_loses_nothing_after_a_sigkill() {
+    let mut w = broker();
+    let topic = new_topic(&mut w, "alo-kill", 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let (count, keys) = (2_000_000u64, 3_000u64);
+    let run = || wordcount(&topic, &ck, count, keys, "at-least-once", &[]);
+    let (name, _) = kill_at_failpoint(
+        run(),
+        "sink-pre-committed",
+        2,
+        &tmp.path().join("marker"),
+        &tmp.path().join("run.log"),
+    )
+    .unwrap();
+    assert_eq!(name, "sink-pre-committed");
+    run_ok(&mut run());
+    let log = w.read_topic(&topic).unwrap();
+    let c = check_counts(counts_of(&committed(&log)), &generated_counts(count, keys));
+    assert_eq!(c.missing, 0, "at-least-once lost records");
+    eprintln!("at-least-once after a SIGKILL: {} duplicates", c.duplicates);
+}
+
+/// Two jobs share a transactional id prefix: the second one's start fences the first one's
+/// producers (a zombie), which fails with one line naming the fenced id instead of writing on.
+#[test]
+fn a_fenced_producer_fails_its_job_with_a_clear_error() {
+    let mut w = broker();
+    let (topic_a, topic_b) = (
+        new_topic(&mut w, "zombie-a", 2),
+        new_topic(&mut w, "zombie-b", 2),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let prefix = format!("cairn-fence-{}", std::process::id());
+    let shared = [
+        "--kafka-transactional-id-prefix",
+        prefix.as_str(),
+        "-D",
+        "restart-strategy.type=none",
+    ];
+    let mut a = wordcount(
+        &topic_a,
+        &tmp.path().join("ck-a"),
+        100_000_000,
+        100,
+        "exactly-once",
+        &[&shared[..], &["--rate", "20000"]].concat(),
+    );
+    let mut zombie = Watched::spawn(&mut a);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    zombie.wait_for_a_checkpoint(&tmp.path().join("ck-a"), deadline);
+    let (count, keys) = (50_000u64, 100u64);
+    run_ok(&mut wordcount(
+        &topic_b,
+        &tmp.path().join("ck-b"),
+        count,
+        keys,
+        "exactly-once",
+        &shared,
+    ));
+    let (status, stderr) = zombie.wait(deadline);
+    assert!(!status.success(), "the fenced job went on: {stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ")
+            && last.contains("was fenced")
+            && last.contains(&format!("transactional id {prefix}-")),
+        "{stderr}"
+    );
+    // The job that took over wrote its output exactly once.
+    let log = w.read_topic(&topic_b).unwrap();
+    let c = check_counts(counts_of(&committed(&log)), &generated_counts(count, keys));
+    assert_eq!((c.duplicates, c.missing), (0, 0));
+}
+
+#[test]
+fn an_unreachable_broker_fails_with_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = cairn()
+        .args(["run", "wordcount", "--generate", "10"])
+        .args(["--kafka-brokers", "127.0.0.1:1", "--kafka-output", "t"])
+        .arg("--checkpoint-dir")
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains("cannot reach Kafka broker 127.0.0.1:1"),
+        "{stderr}"
+    );
+    for (flags, message) in [
+        (
+            &["--kafka-brokers", "127.0.0.1", "--kafka-output", "t"][..],
+            "'127.0.0.1' is not HOST:PORT",
+        ),
+        (
+            &[
+                "--kafka-brokers",
+                "127.0.0.1:9",
+                "--kafka-output",
+                "t",
+                "--kafka-guarantee",
+                "twice",
+            ][..],
+            "unknown Kafka guarantee 'twice'",
+        ),
+        (
+            &["--kafka-brokers", "127.0.0.1:9"][..],
+            "--kafka-brokers needs --kafka-output TOPIC",
+        ),
+    ] {
+        let out = cairn()
+            .args(["run", "wordcount", "--generate", "10"])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(message), "{flags:?}: {stderr}");
+    }
+}
