@@ -52,8 +52,10 @@ pub struct BenchArgs {
     /// PostgreSQL sink modes (2pc, upsert, wal) with 1s checkpoints against --discard
     /// (CAIRN_BENCH_PG_URL, default: the scripts/service-postgres server) [--records default:
     /// 2000000]; `kafka-source`: wordcount reading a pre-filled topic of librdkafka's mock
-    /// cluster, per parallelism; `kafka`: generator -> Kafka with the Kafka sink's guarantees
-    /// none, at-least-once and exactly-once (1 s checkpoints).
+    /// cluster, per parallelism; `kafka`: Kafka -> Kafka (a pre-filled topic through the Kafka
+    /// source, wordcount and the Kafka sink) with the sink's guarantees
+    /// none, at-least-once and exactly-once (1 s checkpoints); `e2e`: `kafka`, `postgres` and
+    /// `s3` in one run.
     #[arg(long, default_value = "throughput")]
     suite: String,
     /// `kafka`: the Kafka broker the sink benchmark writes to (HOST:PORT).
@@ -891,10 +893,24 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "e2e" => {
+            let r = (|| {
+                println!("== Kafka -> wordcount -> Kafka");
+                let records = args.records.unwrap_or(3_000_000);
+                let (brokers, keys) = (&args.kafka_brokers, args.keys()?);
+                kafka::run(&exe, &scratch, brokers, records, keys, args.repeat)?;
+                println!("\n== wordcount -> PostgreSQL");
+                postgres::run(&args, &exe, &scratch)?;
+                println!("\n== checkpoints on S3 against the local filesystem");
+                s3::run(&args, &scratch)
+            })();
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres, kafka-source, kafka"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres, kafka-source, kafka, e2e"
             )
         }
     }

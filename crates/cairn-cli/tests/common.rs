@@ -414,3 +414,113 @@ pub fn kill_at_failpoint(
     child.wait().unwrap();
     hit
 }
+
+/// The newest completed checkpoint under checkpoint directory `ck` and the highest checkpoint
+/// directory of its job (of the job with the newest, if there are several); None before any
+/// checkpoint completed.
+pub fn checkpoint_progress(ck: &Path) -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64)> = None;
+    for job in std::fs::read_dir(ck).ok()? {
+        let job = job.ok()?.path();
+        let (mut completed, mut highest) = (None, 0u64);
+        for e in std::fs::read_dir(&job).ok()? {
+            let e = e.ok()?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = name
+                .strip_prefix("chk-")
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            highest = highest.max(id);
+            if e.path().join("_metadata").exists() {
+                completed = completed.max(Some(id));
+            }
+        }
+        if let Some(id) = completed {
+            if best.is_none_or(|(b, _)| id > b) {
+                best = Some((id, highest));
+            }
+        }
+    }
+    best
+}
+
+/// The checkpoint a run said (on its standard error) it restores from.
+pub fn restored_checkpoint(stderr: &str) -> Option<u64> {
+    let (_, rest) = stderr.split_once("restoring job from checkpoint ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Fills Kafka topic `topic` (which must exist) at `brokers` with `lines` lines of
+/// `words_per_line` words, spread round-robin over `partitions` partitions; word number i
+/// (counted over all lines) is `w` + ((i * 7919) mod `keys`), as `--generate` makes them, so
+/// the expected counts are `generated_counts(lines * words_per_line, keys)`.
+pub fn fill_topic(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    lines: u64,
+    words_per_line: u64,
+    keys: u64,
+) {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .create()
+        .expect("a Kafka producer");
+    let mut line = String::new();
+    for i in 0..lines {
+        line.clear();
+        for j in 0..words_per_line {
+            if j > 0 {
+                line.push(' ');
+            }
+            let n = (i * words_per_line + j).wrapping_mul(7919) % keys;
+            line.push_str(&format!("w{n}"));
+        }
+        let mut rec = BaseRecord::<(), str>::to(topic)
+            .partition((i % partitions as u64) as i32)
+            .payload(line.as_str());
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    producer.poll(Duration::from_millis(5));
+                    rec = r;
+                }
+                Err((e, _)) => panic!("cannot fill topic {topic} at {brokers}: {e}"),
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("cannot fill topic {topic} at {brokers}: {e}"));
+    seal_partitions(brokers, topic, partitions);
+}
+
+/// Ends every partition of `topic` with an empty line (no words) in a record batch of its own.
+/// Tansu reports a partition's end offset as one past the first offset of its last record
+/// batch, so a bounded read there stops before the rest of that batch; sealed, what it misses
+/// is the empty line. (A real broker reports the true end; the empty lines count no word.)
+pub fn seal_partitions(brokers: &str, topic: &str, partitions: i32) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "0")
+        .create()
+        .expect("a Kafka producer");
+    for p in 0..partitions {
+        producer
+            .send(BaseRecord::<(), str>::to(topic).partition(p).payload(""))
+            .map_err(|(e, _)| e)
+            .unwrap_or_else(|e| panic!("cannot seal topic {topic} at {brokers}: {e}"));
+        producer
+            .flush(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("cannot seal topic {topic} at {brokers}: {e}"));
+    }
+}

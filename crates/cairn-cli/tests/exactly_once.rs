@@ -188,43 +188,6 @@ fn without_a_restart_strategy_budget_the_job_fails_cleanly() {
     assert!(last.contains("injected failure"), "{stderr}");
 }
 
-/// The newest completed checkpoint under `ck` (one with a `_metadata`) and the highest
-/// checkpoint directory of its job, from which a resumed run continues numbering.
-fn checkpoint_progress(ck: &Path) -> Option<(u64, u64)> {
-    let mut best: Option<(u64, u64)> = None;
-    for job in std::fs::read_dir(ck).ok()? {
-        let job = job.unwrap().path();
-        let (mut completed, mut highest) = (None, 0u64);
-        for e in std::fs::read_dir(&job).unwrap() {
-            let e = e.unwrap();
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(id) = name
-                .strip_prefix("chk-")
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            highest = highest.max(id);
-            if e.path().join("_metadata").exists() {
-                completed = completed.max(Some(id));
-            }
-        }
-        if let Some(id) = completed {
-            if best.is_none_or(|(b, _)| id > b) {
-                best = Some((id, highest));
-            }
-        }
-    }
-    best
-}
-
-/// The checkpoint a run said it restores from (its `restoring job from checkpoint N` line).
-fn restored_checkpoint(stderr: &str) -> Option<u64> {
-    let (_, rest) = stderr.split_once("restoring job from checkpoint ")?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    Some(digits.parse().unwrap())
-}
-
 fn wordcount_run(parallelism: u32, out_dir: &Path, ck: &Path, extra: &[&str]) -> Command {
     let mut cmd = cairn();
     cmd.args(["run", "wordcount", "-p", &parallelism.to_string()])

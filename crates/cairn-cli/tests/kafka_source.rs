@@ -12,7 +12,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn::connectors::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use cairn::connectors::kafka::rdkafka::mocking::MockCluster;
@@ -85,36 +85,6 @@ fn wordcount(brokers: &str, out_dir: &Path, ck: &Path) -> Command {
         .args(["--checkpoint-interval", "30ms", "--from", "latest"])
         .stdout(Stdio::null());
     cmd
-}
-
-/// The newest completed checkpoint under `ck` and the highest checkpoint directory of its
-/// job.
-fn checkpoint_progress(ck: &Path) -> Option<(u64, u64)> {
-    let mut best: Option<(u64, u64)> = None;
-    for job in std::fs::read_dir(ck).ok()? {
-        let job = job.ok()?.path();
-        let (mut completed, mut highest) = (None, 0u64);
-        for e in std::fs::read_dir(&job).ok()? {
-            let e = e.ok()?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(id) = name
-                .strip_prefix("chk-")
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            highest = highest.max(id);
-            if e.path().join("_metadata").exists() {
-                completed = completed.max(Some(id));
-            }
-        }
-        if let Some(id) = completed {
-            if best.is_none_or(|(b, _)| id > b) {
-                best = Some((id, highest));
-            }
-        }
-    }
-    best
 }
 
 /// Every committed line of `dir`, sorted.
@@ -287,4 +257,70 @@ fn an_unreachable_broker_a_missing_topic_and_bad_flags_are_one_clear_line() {
         line,
         "error: backpressure generates its input: use --generate N"
     );
+}
+
+/// `--kafka-start timestamp:MILLIS` against a broker that answers lookups by time (Tansu from
+/// `scripts/service-kafka`, or `CAIRN_TEST_KAFKA_BROKERS`; the mock cluster answers none): every
+/// partition starts at its first record at or after the time, so exactly the later lines are
+/// counted, at parallelism 2 over 3 partitions. Tansu stamps records with their append time,
+/// so the lines are written in two rounds with the start time between them.
+#[test]
+fn a_timestamp_start_reads_from_the_first_record_at_or_after_it_on_a_real_broker() {
+    use cairn::connectors::kafka::wire::WireClient;
+    let brokers =
+        std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into());
+    let mut w = WireClient::new(&brokers, Duration::from_secs(20));
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let topic = format!("ts-start-{}-{}", std::process::id(), now_ms());
+    w.create_topic(&topic, 3).unwrap_or_else(|e| {
+        panic!("no Kafka broker at {brokers} ({e}): start it with scripts/service-kafka")
+    });
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let write = |lines: std::ops::Range<i64>, timestamp: i64| {
+        for i in lines {
+            let line = format!("line{i}");
+            producer
+                .send(
+                    BaseRecord::<(), str>::to(&topic)
+                        .partition((i % 3) as i32)
+                        .payload(line.as_str())
+                        .timestamp(timestamp),
+                )
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+        producer.flush(Duration::from_secs(30)).unwrap();
+    };
+    write(0..45, now_ms());
+    // The start time: after every record of the first round, before any of the second.
+    let start = now_ms() + 1;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while now_ms() <= start {
+        assert!(Instant::now() < deadline, "the clock stands still");
+        std::thread::park_timeout(Duration::from_millis(1));
+    }
+    write(45..90, now_ms());
+    seal_partitions(&brokers, &topic, 3);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok(
+        cairn()
+            .args(["run", "wordcount", "-p", "2", "--kafka-brokers", &brokers])
+            .args(["--kafka-input", &topic, "--kafka-bounded"])
+            .args(["--kafka-start", &format!("timestamp:{start}")])
+            .arg("--output")
+            .arg(&out)
+            .stdout(Stdio::null()),
+    );
+    let expected: HashMap<String, u64> = (45..90).map(|i| (format!("line{i}"), 1)).collect();
+    assert_exactly_once(&out, &expected);
 }

@@ -9,7 +9,8 @@
 //! (`sink-restoring`) — killed there with SIGKILL, checked to have stopped where it was
 //! meant to, and resumed with `--from latest`; the table then equals an undisturbed run's.
 //! Each test has its own table and checkpoint directory (so its own job id), so the tests run
-//! in parallel.
+//! in parallel. The `kafka_to_postgres_*` tests do the same with the words read from a bounded
+//! Kafka topic on the `scripts/service-kafka` broker (`CAIRN_TEST_KAFKA_BROKERS` overrides it).
 
 mod common;
 
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cairn::connectors::kafka::wire::WireClient;
 use cairn::connectors::postgres::parse_gid;
 use common::*;
 use postgres::{Client, NoTls};
@@ -186,31 +188,6 @@ fn job_id(ck: &Path) -> String {
     jobs[0].clone()
 }
 
-/// The newest completed checkpoint under `ck` and the highest checkpoint directory.
-fn checkpoint_progress(ck: &Path) -> Option<(u64, u64)> {
-    let job = ck.join(job_id(ck));
-    let (mut completed, mut highest) = (None, 0u64);
-    for e in std::fs::read_dir(job).ok()? {
-        let e = e.unwrap();
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok()) else {
-            continue;
-        };
-        highest = highest.max(id);
-        if e.path().join("_metadata").exists() {
-            completed = completed.max(Some(id));
-        }
-    }
-    completed.map(|c| (c, highest))
-}
-
-/// The checkpoint a run said it restores from.
-fn restored_checkpoint(stderr: &str) -> Option<u64> {
-    let (_, rest) = stderr.split_once("restoring job from checkpoint ")?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    Some(digits.parse().unwrap())
-}
-
 const RECORDS: u64 = 500_000;
 const KEYS: u64 = 1_000;
 /// Words per second over both source subtasks: enough for several batches per checkpoint,
@@ -242,6 +219,77 @@ fn wordcount(mode: &str, table: &str, ck: &Path, rate: Option<u64>) -> Command {
         cmd.args(["--rate", &r.to_string()]);
     }
     cmd
+}
+
+/// Where the killed wordcount reads its words.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    /// `--generate RECORDS --keys KEYS`, paced at `RATE` words per second.
+    Generated,
+    /// A bounded Kafka topic on the `scripts/service-kafka` broker, filled by [`kafka_lines`].
+    Kafka(&'a str),
+}
+
+impl Input<'_> {
+    fn wordcount(self, mode: &str, table: &str, ck: &Path) -> Command {
+        let Input::Kafka(topic) = self else {
+            return wordcount(mode, table, ck, Some(RATE));
+        };
+        let mut cmd = cairn();
+        cmd.args(["run", "wordcount", "-p", "2"])
+            .args(["--kafka-brokers", &kafka_brokers()])
+            .args(["--kafka-input", topic, "--kafka-bounded"])
+            .args([
+                "--pg-output",
+                &url(),
+                "--pg-table",
+                table,
+                "--pg-mode",
+                mode,
+            ])
+            .arg("--checkpoint-dir")
+            .arg(ck)
+            .args(["--checkpoint-interval", "100ms", "--from", "latest"])
+            .stdout(Stdio::null());
+        cmd
+    }
+
+    /// How often each word occurs in the input.
+    fn expected(self) -> HashMap<String, u64> {
+        match self {
+            Input::Generated => generated_counts(RECORDS, KEYS),
+            Input::Kafka(_) => generated_counts(KAFKA_LINES * KAFKA_WORDS_PER_LINE, KEYS),
+        }
+    }
+}
+
+fn kafka_brokers() -> String {
+    std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into())
+}
+
+/// Lines of the Kafka input topic: with 40 words each, 2M words, enough that every killed run
+/// stops at its failpoint long before the (unpaced) source reaches the end.
+const KAFKA_LINES: u64 = 50_000;
+const KAFKA_WORDS_PER_LINE: u64 = 40;
+
+/// The Kafka topic of lines the Kafka -> PostgreSQL tests read, created and filled on the
+/// `scripts/service-kafka` broker by the first test that asks (one per test process).
+fn kafka_lines() -> &'static str {
+    static TOPIC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOPIC.get_or_init(|| {
+        let brokers = kafka_brokers();
+        let mut w = WireClient::new(&brokers, Duration::from_secs(20));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let topic = format!("pg-e2e-lines-{}-{nanos}", std::process::id());
+        w.create_topic(&topic, 3).unwrap_or_else(|e| {
+            panic!("no Kafka broker at {brokers} ({e}): start it with scripts/service-kafka")
+        });
+        fill_topic(&brokers, &topic, 3, KAFKA_LINES, KAFKA_WORDS_PER_LINE, KEYS);
+        topic
+    })
 }
 
 /// Runs `cmd` armed to stop at `point` from checkpoint `at` on; once the marker says it
@@ -303,12 +351,12 @@ const POINTS: [&str; 5] = [
 
 /// Kills wordcount into `table` (`mode`) at every point of [`POINTS`] and resumes it; then
 /// runs it to the end and checks the table against an undisturbed run's.
-fn kill_and_resume(mode: &str, table: &str, seed: u64) {
+fn kill_and_resume(mode: &str, table: &str, seed: u64, input: Input) {
     let mut db = db();
     reset(&mut db, table);
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ck");
-    let expected = generated_counts(RECORDS, KEYS);
+    let expected = input.expected();
     // 2pc: a prepared transaction of another job's sink of the same uid on the same table,
     // which no restore of this job may touch.
     let other_gid = format!("cairn:{:032x}:sink:0:1", 0xfeed_u128 + u128::from(seed));
@@ -365,7 +413,7 @@ fn kill_and_resume(mode: &str, table: &str, seed: u64) {
                 _ => {}
             }
         };
-        let cmd = wordcount(mode, table, &ck, Some(RATE));
+        let cmd = input.wordcount(mode, table, &ck);
         let (name, id, stderr) = kill_at(cmd, point, at, tmp.path(), run, check);
         assert_eq!(name, point, "{mode}: run {run} stopped at another point");
         assert_eq!(
@@ -411,7 +459,7 @@ fn kill_and_resume(mode: &str, table: &str, seed: u64) {
         check_table(&mut db, mode, table, &expected, false);
         kills.push(format!("{point} at {id}"));
     }
-    let out = run_ok(wordcount(mode, table, &ck, Some(RATE)).stderr(Stdio::piped()));
+    let out = run_ok(input.wordcount(mode, table, &ck).stderr(Stdio::piped()));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(restored_checkpoint(&stderr), newest, "{mode}: {stderr}");
     eprintln!("{mode}: SIGKILLs at {}", kills.join(", "));
@@ -446,17 +494,49 @@ fn kill_and_resume(mode: &str, table: &str, seed: u64) {
 
 #[test]
 fn two_phase_commit_sigkilled_at_failpoints_ends_exactly_once() {
-    kill_and_resume("2pc", "cairn_test_kill_2pc", 41);
+    kill_and_resume("2pc", "cairn_test_kill_2pc", 41, Input::Generated);
 }
 
 #[test]
 fn upsert_sigkilled_at_failpoints_ends_with_the_final_counts() {
-    kill_and_resume("upsert", "cairn_test_kill_upsert", 42);
+    kill_and_resume("upsert", "cairn_test_kill_upsert", 42, Input::Generated);
 }
 
 #[test]
 fn write_ahead_log_sigkilled_at_failpoints_ends_exactly_once() {
-    kill_and_resume("wal", "cairn_test_kill_wal", 43);
+    kill_and_resume("wal", "cairn_test_kill_wal", 43, Input::Generated);
+}
+
+/// Kafka -> PostgreSQL, end to end through real services: the same kills, with the words read
+/// from a bounded Kafka topic (the source's offsets restored with the sink's transactions).
+#[test]
+fn kafka_to_postgres_two_phase_commit_sigkilled_at_failpoints_ends_exactly_once() {
+    kill_and_resume(
+        "2pc",
+        "cairn_test_kafka_2pc",
+        51,
+        Input::Kafka(kafka_lines()),
+    );
+}
+
+#[test]
+fn kafka_to_postgres_upsert_sigkilled_at_failpoints_ends_with_the_final_counts() {
+    kill_and_resume(
+        "upsert",
+        "cairn_test_kafka_upsert",
+        52,
+        Input::Kafka(kafka_lines()),
+    );
+}
+
+#[test]
+fn kafka_to_postgres_write_ahead_log_sigkilled_at_failpoints_ends_exactly_once() {
+    kill_and_resume(
+        "wal",
+        "cairn_test_kafka_wal",
+        53,
+        Input::Kafka(kafka_lines()),
+    );
 }
 
 /// A 2pc job killed before its first checkpoint completed leaves prepared transactions; the

@@ -18,8 +18,8 @@
 //! | `disk-uploaded` | a subtask uploaded the RocksDB files of checkpoint ID; its state file is not written |
 //! | `sink-pre-committed` | a sink subtask pre-committed for checkpoint ID; it has not acknowledged, so ID cannot complete |
 //! | `sink-committing` | checkpoint ID completed and a sink subtask was notified; it has not committed (others may have) |
-//! | `sink-writing` | a PostgreSQL sink subtask wrote rows of checkpoint ID that are not final: into a transaction still open (2pc: not prepared; wal: with its commit record, not committed), or an upsert between barriers |
-//! | `sink-restoring` | a PostgreSQL sink restores a checkpoint, before any writer of the attempt runs: 2pc and wal committed the first of the restored transactions (batches), not the others; ID is the newest checkpoint they (upsert: its restored state) belong to |
+//! | `sink-writing` | a PostgreSQL sink subtask wrote rows of checkpoint ID that are not final: into a transaction still open (2pc: not prepared; wal: with its commit record, not committed), or an upsert between barriers; an exactly-once Kafka sink subtask handed records of checkpoint ID to its open transaction |
+//! | `sink-restoring` | a PostgreSQL or exactly-once Kafka sink restores a checkpoint, before any writer of the attempt runs: 2pc, wal and Kafka committed the first of the restored transactions (batches), not the others (Kafka: nor aborted the later ones); ID is the newest checkpoint they (upsert: its restored state; Kafka: the restored checkpoint) belong to |
 //!
 //! ```sh
 //! CAIRN_FAILPOINTS=sink-committing=5 CAIRN_FAILPOINT_MARKER=/tmp/hit cairn run wordcount ...

@@ -1,13 +1,18 @@
-//! `cairn bench --suite kafka`: wordcount from the generator into a Kafka topic with the Kafka
-//! sink's three guarantees (none, at-least-once, exactly-once) and 1 s checkpoints, against
+//! `cairn bench --suite kafka`: wordcount from Kafka to Kafka — the Kafka source reading a
+//! bounded topic of lines, the Kafka sink writing with its three guarantees (none,
+//! at-least-once, exactly-once) — with 1 s checkpoints, against the same source into
 //! `--discard`, measured as whole processes of this binary in one run. The broker is the one at
-//! `--kafka-brokers` (Tansu from `scripts/service-kafka` by default); every run writes a new
-//! topic, and the exactly-once run's committed output is read back and counted.
+//! `--kafka-brokers` (Tansu from `scripts/service-kafka` by default); the input topic is filled
+//! once, every run writes a new output topic, and the exactly-once run's committed output is
+//! read back and counted.
 
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use cairn::connectors::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use cairn::connectors::kafka::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use cairn::connectors::kafka::rdkafka::ClientConfig;
 use cairn::connectors::kafka::wire::{Marker, WireClient};
 
 use super::{run_child, stat};
@@ -17,6 +22,8 @@ use crate::human;
 const PARTITIONS: i32 = 4;
 /// The checkpoint interval of every run.
 const INTERVAL: &str = "1s";
+/// Words per line (Kafka record) of the input topic.
+const WORDS_PER_LINE: u64 = 20;
 
 struct Measured {
     name: &'static str,
@@ -25,9 +32,9 @@ struct Measured {
     median_ms: u64,
 }
 
-/// Runs the suite: `records` generated words over `keys` distinct ones at parallelism 2, best
-/// of `repeat` runs per configuration; prints records/s and the ratios to `none` and to
-/// `--discard`.
+/// Runs the suite: an input topic of `records` words over `keys` distinct ones, read at
+/// parallelism 2, best of `repeat` runs per configuration; prints records/s and the ratios to
+/// `none` and to `--discard`.
 pub fn run(
     exe: &Path,
     scratch: &Path,
@@ -40,8 +47,15 @@ pub fn run(
     wire.topic_metadata("cairn-bench", false).with_context(|| {
         format!("no Kafka broker at {brokers} (scripts/service-kafka starts one)")
     })?;
+    let records = records.div_ceil(WORDS_PER_LINE) * WORDS_PER_LINE;
+    let input = format!("cairn-bench-{}-lines", std::process::id());
+    wire.create_topic(&input, PARTITIONS)?;
+    let started = std::time::Instant::now();
+    fill(brokers, &input, records, keys)?;
     println!(
-        "wordcount --generate {records} --keys {keys}, p=2, checkpoints every {INTERVAL}: generator -> Kafka on {brokers} ({PARTITIONS} partitions), best of {}",
+        "wordcount, p=2, checkpoints every {INTERVAL}: Kafka -> Kafka on {brokers}: {records} words over {keys} keys in {} lines of {WORDS_PER_LINE} ({PARTITIONS} partitions, filled in {:.1}s) -> a new topic per run ({PARTITIONS} partitions), best of {}",
+        records / WORDS_PER_LINE,
+        started.elapsed().as_secs_f64(),
         repeat.max(1)
     );
     let configs: [(&'static str, Option<&str>); 4] = [
@@ -67,10 +81,11 @@ pub fn run(
             .map(String::from)
             .to_vec();
             args.extend([
-                "--generate".into(),
-                records.to_string(),
-                "--keys".into(),
-                keys.to_string(),
+                "--kafka-brokers".into(),
+                brokers.into(),
+                "--kafka-input".into(),
+                input.clone(),
+                "--kafka-bounded".into(),
                 "--checkpoint-dir".into(),
                 dir.display().to_string(),
             ]);
@@ -80,8 +95,6 @@ pub fn run(
                 Some(g) => {
                     wire.create_topic(&topic, PARTITIONS)?;
                     args.extend([
-                        "--kafka-brokers".into(),
-                        brokers.into(),
                         "--kafka-output".into(),
                         topic.clone(),
                         "--kafka-guarantee".into(),
@@ -147,5 +160,55 @@ fn check_committed(wire: &mut WireClient, topic: &str, records: u64) -> Result<(
         "  exactly-once output checked: {committed} records in {} committed transactions",
         txns.len()
     );
+    Ok(())
+}
+
+/// Fills `topic` with `records` words in lines of [`WORDS_PER_LINE`], word i being
+/// `w` + ((i * 7919) mod `keys`) as `--generate` makes them, round-robin over the partitions.
+fn fill(brokers: &str, topic: &str, records: u64, keys: u64) -> Result<()> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .create()
+        .context("a Kafka producer")?;
+    let mut line = String::new();
+    for l in 0..records / WORDS_PER_LINE {
+        line.clear();
+        for j in 0..WORDS_PER_LINE {
+            if j > 0 {
+                line.push(' ');
+            }
+            let n = (l * WORDS_PER_LINE + j).wrapping_mul(7919) % keys;
+            line.push('w');
+            line.push_str(&n.to_string());
+        }
+        let mut rec = BaseRecord::<(), str>::to(topic)
+            .partition((l % PARTITIONS as u64) as i32)
+            .payload(line.as_str());
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    producer.poll(Duration::from_millis(5));
+                    rec = r;
+                }
+                Err((e, _)) => return Err(anyhow!("cannot fill topic {topic}: {e}")),
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(300))
+        .map_err(|e| anyhow!("cannot fill topic {topic}: {e}"))?;
+    // Every partition ends with an empty line in a batch of its own: Tansu's end offset is one
+    // past the first offset of a partition's last batch, which a bounded read stops at.
+    for p in 0..PARTITIONS {
+        producer
+            .send(BaseRecord::<(), str>::to(topic).partition(p).payload(""))
+            .map_err(|(e, _)| anyhow!("cannot fill topic {topic}: {e}"))?;
+        producer
+            .flush(Duration::from_secs(30))
+            .map_err(|e| anyhow!("cannot fill topic {topic}: {e}"))?;
+    }
     Ok(())
 }

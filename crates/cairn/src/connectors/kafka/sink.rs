@@ -81,6 +81,7 @@ use tracing::{debug, error, info, warn};
 use super::wire::{Marker, ProducerIdentity, WireClient, WireError};
 use super::{check_brokers, client_config};
 use crate::error::{TaskError, TaskResult};
+use crate::failpoint;
 use crate::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkOwner, SinkWriter};
 
 /// What the Kafka sink guarantees end to end.
@@ -356,12 +357,12 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
             )?));
         }
         let key = (ctx.owner.job_id.clone(), ctx.owner.uid.clone());
-        let first = self
+        let (first, last_barrier) = self
             .plans
             .lock()
             .map_err(|_| TaskError::msg("Kafka sink: restore plans poisoned"))?
             .get(&key)
-            .map(|plan| plan.first(ctx.subtask))
+            .map(|plan| (plan.first(ctx.subtask), plan.restored_checkpoint))
             .ok_or_else(|| {
                 TaskError::msg(
                     "the exactly-once Kafka sink was not initialized in this process: its writers \
@@ -376,6 +377,7 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
             client_id,
             subtask: ctx.subtask,
             next: first,
+            last_barrier,
             current: None,
             pending: Vec::new(),
             checkpointing: ctx.checkpointing,
@@ -418,8 +420,14 @@ impl Restore<'_> {
             }
         }
         prepared.sort_by_key(|t| (t.checkpoint_id, t.transactional_id.clone()));
-        for t in &prepared {
+        for (i, t) in prepared.iter().enumerate() {
             self.commit(t)?;
+            if i == 0 {
+                failpoint::hit("sink-restoring", plan.restored_checkpoint);
+            }
+        }
+        if prepared.is_empty() && plan.restored_checkpoint > 0 {
+            failpoint::hit("sink-restoring", plan.restored_checkpoint);
         }
         let mut aborted = 0;
         for (&subtask, &first) in &plan.next {
@@ -571,6 +579,9 @@ struct Deliveries {
     first: OnceLock<(i32, i64)>,
     /// The first record that could not be delivered.
     failed: OnceLock<KafkaError>,
+    /// The first error that said the producer was fenced (delivery reports of one failed
+    /// request can come after those of records librdkafka purged because of it).
+    fenced: OnceLock<KafkaError>,
     delivered: AtomicU64,
 }
 
@@ -588,6 +599,9 @@ impl ClientContext for Deliveries {
 
     fn error(&self, error: KafkaError, reason: &str) {
         warn!("librdkafka: {error}: {reason}");
+        if error_code(&error).is_some_and(is_fenced) {
+            self.fenced.get_or_init(|| error);
+        }
     }
 }
 
@@ -602,6 +616,9 @@ impl ProducerContext for Deliveries {
             }
             Err((e, _)) => {
                 self.failed.get_or_init(|| e.clone());
+                if error_code(e).is_some_and(is_fenced) {
+                    self.fenced.get_or_init(|| e.clone());
+                }
             }
         }
     }
@@ -650,7 +667,18 @@ fn check_producer(producer: &Producer0, id: &str) -> TaskResult {
             "Kafka sink: fatal producer error ({id}): {code}: {reason}"
         )));
     }
-    if let Some(e) = producer.context().failed.get() {
+    let deliveries = producer.context();
+    if deliveries.fenced.get().is_none()
+        && deliveries
+            .failed
+            .get()
+            .is_some_and(|e| e.rdkafka_error_code() == Some(RDKafkaErrorCode::PurgeQueue))
+    {
+        // Records purged because the transaction failed: the failure's own reports (a fencing,
+        // say) may still be queued; take them before naming the cause.
+        serve_reports(producer, Duration::from_secs(1));
+    }
+    if let Some(e) = deliveries.fenced.get().or(deliveries.failed.get()) {
         return Err(producer_err(id, "a record could not be delivered", e));
     }
     Ok(())
@@ -892,6 +920,9 @@ struct TransactionalWriter<T> {
     subtask: u32,
     /// The number of the next transaction to open.
     next: u64,
+    /// The last checkpoint this writer pre-committed (or the restored one): the records it
+    /// writes now belong to the next.
+    last_barrier: u64,
     /// The transaction that takes records.
     current: Option<OpenTransaction>,
     /// The transaction that takes over from `current` after its pre-commit.
@@ -1047,6 +1078,7 @@ impl<T: Send> SinkWriter<T> for TransactionalWriter<T> {
             shared,
             key,
             value,
+            last_barrier,
             ..
         } = self;
         let Some(txn) = current.as_mut() else {
@@ -1056,6 +1088,7 @@ impl<T: Send> SinkWriter<T> for TransactionalWriter<T> {
             txn.opened = Some((Instant::now(), now_ms()));
         }
         txn.records += send_batch(&txn.producer, &txn.id, shared, batch, key, value)?;
+        failpoint::hit("sink-writing", *last_barrier + 1);
         if !txn.warned {
             if let Some((opened, _)) = txn.opened {
                 txn.warned = warn_if_near_timeout(
@@ -1071,6 +1104,7 @@ impl<T: Send> SinkWriter<T> for TransactionalWriter<T> {
 
     fn pre_commit(&mut self, checkpoint_id: u64) -> TaskResult<Vec<Vec<u8>>> {
         self.prepare(checkpoint_id)?;
+        self.last_barrier = checkpoint_id;
         self.warn_pending();
         let cursor = PendingEntry::Cursor {
             subtask: self.subtask,
