@@ -539,12 +539,12 @@ fn an_unreachable_broker_fails_with_one_line() {
     }
 }
 
-/// wordcount from Kafka to Kafka, exactly-once, at parallelism 2: the Kafka source reads a
+/// wordcount from Kafka to Kafka, exactly-once, at parallelism `p`: the Kafka source reads a
 /// bounded topic of lines (its offsets in the checkpoints) and the exactly-once sink writes the
 /// counts into another topic.
-fn kafka_to_kafka(input: &str, output: &str, ck: &Path) -> Command {
+fn kafka_to_kafka(input: &str, output: &str, ck: &Path, p: u32) -> Command {
     let mut cmd = cairn();
-    cmd.args(["run", "wordcount", "-p", "2"])
+    cmd.args(["run", "wordcount", "-p", &p.to_string()])
         .args(["--kafka-brokers", &brokers()])
         .args(["--kafka-input", input, "--kafka-bounded"])
         .args([
@@ -563,10 +563,12 @@ fn kafka_to_kafka(input: &str, output: &str, ck: &Path) -> Command {
 /// End to end through the broker on both sides: Kafka -> wordcount -> Kafka (exactly-once,
 /// p=2), SIGKILLed at every checkpoint and sink failpoint in turn, including while records sit
 /// in an open transaction and in the middle of a restore's commits, and resumed from the newest
-/// checkpoint each time. Every kill lands where it was armed; no duplicate is ever committed;
-/// and at the end the committed output equals an undisturbed run's record for record.
+/// checkpoint each time; the last run resumes at parallelism 3 (the partitions' offsets and
+/// the sink's transactions rescaled). Every kill lands where it was armed; no duplicate is ever
+/// committed; and at the end the committed output equals an undisturbed run's record for
+/// record.
 #[test]
-fn kafka_to_kafka_sigkilled_at_every_failpoint_equals_an_undisturbed_run() {
+fn kafka_to_kafka_sigkilled_at_every_failpoint_and_rescaled_equals_an_undisturbed_run() {
     const PARTITIONS: i32 = 3;
     let (lines, per_line, keys) = (50_000u64, 40u64, 5_000u64);
     let mut w = broker();
@@ -580,6 +582,7 @@ fn kafka_to_kafka_sigkilled_at_every_failpoint_equals_an_undisturbed_run() {
         &input,
         &undisturbed_topic,
         &tmp.path().join("ck-undisturbed"),
+        2,
     ));
     let mut undisturbed = committed(&w.read_topic(&undisturbed_topic).unwrap());
     let c = check_counts(counts_of(&undisturbed), &expected);
@@ -608,7 +611,7 @@ fn kafka_to_kafka_sigkilled_at_every_failpoint_equals_an_undisturbed_run() {
         };
         let marker = tmp.path().join(format!("marker-{i}"));
         let log = tmp.path().join(format!("run-{i}.log"));
-        let cmd = kafka_to_kafka(&input, &output, &ck);
+        let cmd = kafka_to_kafka(&input, &output, &ck, 2);
         let (hit, id) = kill_at_failpoint(cmd, point, at, &marker, &log)
             .unwrap_or_else(|e| panic!("run {i} ({point}): {e}"));
         let stderr = std::fs::read_to_string(&log).unwrap();
@@ -646,7 +649,7 @@ fn kafka_to_kafka_sigkilled_at_every_failpoint_equals_an_undisturbed_run() {
         );
         kills.push(format!("{point} at {id}"));
     }
-    let done = run_ok(kafka_to_kafka(&input, &output, &ck).stderr(Stdio::piped()));
+    let done = run_ok(kafka_to_kafka(&input, &output, &ck, 3).stderr(Stdio::piped()));
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert_eq!(restored_checkpoint(&stderr), newest, "{stderr}");
     eprintln!("Kafka -> Kafka: SIGKILLs at {}", kills.join(", "));
