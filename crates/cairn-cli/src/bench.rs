@@ -13,6 +13,7 @@ use crate::human;
 
 mod kafka;
 mod kafka_source;
+mod metrics;
 mod postgres;
 mod s3;
 mod savepoint;
@@ -55,7 +56,8 @@ pub struct BenchArgs {
     /// cluster, per parallelism; `kafka`: Kafka -> Kafka (a pre-filled topic through the Kafka
     /// source, wordcount and the Kafka sink) with the sink's guarantees
     /// none, at-least-once and exactly-once (1 s checkpoints); `e2e`: `kafka`, `postgres` and
-    /// `s3` in one run.
+    /// `s3` in one run; `metrics`: wordcount with `metrics.enabled` true and false, alternating
+    /// (best of --repeat, default 5).
     #[arg(long, default_value = "throughput")]
     suite: String,
     /// `kafka`: the Kafka broker the sink benchmark writes to (HOST:PORT).
@@ -893,6 +895,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "metrics" => {
+            let r = metrics::run(&args, &exe, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         "e2e" => {
             let r = (|| {
                 println!("== Kafka -> wordcount -> Kafka");
@@ -910,7 +917,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres, kafka-source, kafka, e2e"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres, kafka-source, kafka, e2e, metrics"
             )
         }
     }

@@ -59,6 +59,9 @@ pub struct WorkerArgs {
     /// Time between heartbeats.
     #[arg(long, default_value = "500ms")]
     heartbeat_interval: String,
+    /// Serve this worker's subtask metrics at http://ADDR/metrics (Prometheus text).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 fn duration(flag: &str, value: &str) -> Result<Duration> {
@@ -150,6 +153,14 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
     }
     let heartbeat_interval = duration("--heartbeat-interval", &args.heartbeat_interval)?;
     socket_addr("--coordinator", &args.coordinator)?;
+    let _metrics = match &args.metrics {
+        Some(addr) => {
+            let server = cairn_rest::serve_metrics(socket_addr("--metrics", addr)?)?;
+            eprintln!("worker metrics at http://{}/metrics", server.local_addr());
+            Some(server)
+        }
+        None => None,
+    };
     run_worker(WorkerOptions {
         coordinator: args.coordinator,
         slots: args.slots,

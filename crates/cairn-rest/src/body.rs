@@ -11,6 +11,7 @@ use std::str::FromStr;
 
 use cairn::checkpoint::{CheckpointMetadata, TaskCheckpointStats};
 use cairn::config::{keys, parse_bool, parse_duration, CheckpointingMode};
+use cairn::metrics::SubtaskSnapshot;
 use cairn::runtime::{JobState, JobStatusView};
 use serde_json::{json, Map, Value};
 
@@ -151,20 +152,239 @@ pub(crate) fn job_overview(view: &JobStatusView, now_ms: u64) -> Result<Value, s
     }))
 }
 
-/// `GET /jobs/{jid}`: Flink's `JobDetailsInfo`, plus cairn's `restarts` and `failure-cause`.
-/// Vertices carry no I/O metrics (zeros, marked incomplete): cairn does not collect them.
-pub(crate) fn job_details(view: &JobStatusView, now_ms: u64) -> Result<Value, serde_json::Error> {
-    let state = state_name(view.state)?;
-    let vstate = subtask_state(view.state);
+/// The ids of the job's vertices, in graph order (as `GET /jobs/{jid}` lists them).
+pub(crate) fn vertex_ids(view: &JobStatusView) -> Vec<String> {
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
-    let group = derived_id(&format!("slot-sharing-group:{}", view.jid));
-    let vertices: Vec<Value> = view
-        .vertices
+    view.vertices
         .iter()
         .map(|v| {
             let ordinal = seen.entry(v.name.as_str()).or_insert(0);
             let id = vertex_id(&v.name, *ordinal);
             *ordinal += 1;
+            id
+        })
+        .collect()
+}
+
+/// Flink's `IOMetricsInfo` of some subtasks (summed; times in ms); `complete` when every
+/// subtask's metrics are there.
+fn io_metrics(subtasks: &[&SubtaskSnapshot], complete: bool) -> Value {
+    let sum = |f: fn(&SubtaskSnapshot) -> u64| subtasks.iter().map(|s| f(s)).sum::<u64>();
+    json!({
+        "read-bytes": sum(|s| s.bytes_in),
+        "read-bytes-complete": complete,
+        "write-bytes": sum(|s| s.bytes_out),
+        "write-bytes-complete": complete,
+        "read-records": sum(|s| s.records_in),
+        "read-records-complete": complete,
+        "write-records": sum(|s| s.records_out),
+        "write-records-complete": complete,
+        "accumulated-backpressured-time": sum(|s| s.backpressured_ms),
+        "accumulated-idle-time": sum(|s| s.idle_ms),
+        "accumulated-busy-time": sum(|s| s.busy_ms) as f64,
+        // cairn's: the last second's rates, summed over the subtasks.
+        "records-in-per-second": subtasks.iter().map(|s| s.rates[0]).sum::<f64>(),
+        "records-out-per-second": subtasks.iter().map(|s| s.rates[1]).sum::<f64>(),
+    })
+}
+
+/// The snapshots of vertex `vi`'s subtasks.
+fn of_vertex(snapshots: &[SubtaskSnapshot], vi: usize) -> Vec<&SubtaskSnapshot> {
+    snapshots
+        .iter()
+        .filter(|s| s.vertex_index as usize == vi)
+        .collect()
+}
+
+/// Flink's back-pressure level of a ratio (share of time back-pressured): ok up to 10 %,
+/// low up to 50 %, high above.
+fn backpressure_level(ratio: f64) -> &'static str {
+    if ratio <= 0.10 {
+        "ok"
+    } else if ratio <= 0.50 {
+        "low"
+    } else {
+        "high"
+    }
+}
+
+/// `GET /jobs/{jid}/vertices/{vid}`: Flink's `JobVertexDetailsInfo`, a subtask's metrics
+/// from this process or its worker's last report (about once a second).
+pub(crate) fn vertex_details(
+    view: &JobStatusView,
+    vi: usize,
+    id: &str,
+    snapshots: &[SubtaskSnapshot],
+    now_ms: u64,
+) -> Value {
+    let v = &view.vertices[vi];
+    let mine = of_vertex(snapshots, vi);
+    let vstate = subtask_state(view.state);
+    let subtasks: Vec<Value> = (0..v.parallelism)
+        .map(|i| {
+            let s: Vec<&SubtaskSnapshot> = mine.iter().copied().filter(|s| s.subtask == i).collect();
+            json!({
+                "subtask": i,
+                "status": vstate,
+                "attempt": view.restarts,
+                "endpoint": "",
+                "start-time": view.start_time,
+                "end-time": end_time(view),
+                "duration": duration(view, now_ms),
+                "metrics": io_metrics(&s, !s.is_empty()),
+                "taskmanager-id": "",
+                "status-duration": {},
+                "other-concurrent-attempts": [],
+                "watermark": s.first().map(|s| s.watermark).filter(|w| *w != cairn::metrics::NO_WATERMARK),
+                "backpressure-ratio": s.first().map_or(0.0, |s| s.rates[3] / 1000.0),
+                "input-queue-fill": s.first().map_or(0.0, |s| s.queues[0]),
+                "output-queue-fill": s.first().map_or(0.0, |s| s.queues[1]),
+            })
+        })
+        .collect();
+    json!({
+        "id": id,
+        "name": v.name,
+        "parallelism": v.parallelism,
+        "maxParallelism": view.max_parallelism,
+        "now": now_ms,
+        "subtasks": subtasks,
+        "aggregated": io_metrics(&mine, mine.len() == v.parallelism as usize),
+    })
+}
+
+/// `GET /jobs/{jid}/vertices/{vid}/backpressure`: Flink's `JobVertexBackPressureInfo` from the
+/// subtasks' back-pressured, idle and busy milliseconds per second (Flink's own source since
+/// 1.13); the vertex's level is its worst subtask's.
+pub(crate) fn backpressure(
+    view: &JobStatusView,
+    vi: usize,
+    snapshots: &[SubtaskSnapshot],
+    now_ms: u64,
+) -> Value {
+    let v = &view.vertices[vi];
+    let mine = of_vertex(snapshots, vi);
+    let mut worst = 0.0f64;
+    let subtasks: Vec<Value> = (0..v.parallelism)
+        .map(|i| {
+            let s = mine.iter().find(|s| s.subtask == i);
+            let ratio = |k: usize| s.map_or(0.0, |s| (s.rates[k] / 1000.0).clamp(0.0, 1.0));
+            let bp = ratio(3);
+            worst = worst.max(bp);
+            json!({
+                "subtask": i,
+                "attempt-number": view.restarts,
+                "backpressureLevel": backpressure_level(bp),
+                "ratio": bp,
+                "idleRatio": ratio(2),
+                "busyRatio": ratio(4),
+                "other-concurrent-attempts": [],
+            })
+        })
+        .collect();
+    json!({
+        "status": "ok",
+        "backpressureLevel": backpressure_level(worst),
+        "end-timestamp": now_ms,
+        "subtasks": subtasks,
+    })
+}
+
+/// `GET /jobs/{jid}/exceptions`: Flink's `JobExceptionsInfoWithHistory`, newest first, with
+/// cairn's `kind` and `restarted` beside Flink's fields.
+pub(crate) fn exceptions(view: &JobStatusView) -> Value {
+    let entries: Vec<Value> = view
+        .exceptions
+        .iter()
+        .rev()
+        .map(|e| {
+            json!({
+                "exceptionName": e.kind,
+                "stacktrace": e.cause,
+                "timestamp": e.timestamp,
+                "taskName": Value::Null,
+                "endpoint": Value::Null,
+                "taskManagerId": Value::Null,
+                "failureLabels": {},
+                "concurrentExceptions": [],
+                "kind": e.kind,
+                "restarted": e.restarted,
+            })
+        })
+        .collect();
+    let newest = view.exceptions.last();
+    json!({
+        "root-exception": newest.map(|e| e.cause.clone()),
+        "timestamp": newest.map(|e| e.timestamp),
+        "all-exceptions": [],
+        "truncated": false,
+        "exceptionHistory": {
+            "entries": entries,
+            "truncated": view.restarts as usize + 1 > view.exceptions.len()
+                && view.exceptions.len() >= cairn::runtime::status::EXCEPTIONS_MAX,
+        },
+    })
+}
+
+/// Flink's `JobPlanInfo.Plan`: the vertices with their inputs (ship strategies).
+fn plan(view: &JobStatusView) -> Value {
+    let ids = vertex_ids(view);
+    let nodes: Vec<Value> = view
+        .vertices
+        .iter()
+        .zip(&ids)
+        .map(|(v, id)| {
+            let inputs: Vec<Value> = v
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(num, i)| {
+                    json!({
+                        "num": num,
+                        "id": ids.get(i.vertex).cloned().unwrap_or_default(),
+                        "ship_strategy": i.ship_strategy,
+                        "exchange": "pipelined_bounded",
+                    })
+                })
+                .collect();
+            json!({
+                "id": id,
+                "parallelism": v.parallelism,
+                "operator": "",
+                "operator_strategy": "",
+                "description": v.name,
+                "inputs": inputs,
+                "optimizer_properties": {},
+            })
+        })
+        .collect();
+    json!({ "jid": view.jid, "name": view.name, "type": "STREAMING", "nodes": nodes })
+}
+
+/// `GET /jobs/{jid}/plan`: Flink's `JobPlanInfo`.
+pub(crate) fn job_plan(view: &JobStatusView) -> Value {
+    json!({ "plan": plan(view) })
+}
+
+/// `GET /jobs/{jid}`: Flink's `JobDetailsInfo`, plus cairn's `restarts` and `failure-cause`.
+/// A vertex's I/O metrics are its subtasks' (marked incomplete while some subtask has none
+/// yet).
+pub(crate) fn job_details(
+    view: &JobStatusView,
+    snapshots: &[SubtaskSnapshot],
+    now_ms: u64,
+) -> Result<Value, serde_json::Error> {
+    let state = state_name(view.state)?;
+    let vstate = subtask_state(view.state);
+    let group = derived_id(&format!("slot-sharing-group:{}", view.jid));
+    let ids = vertex_ids(view);
+    let vertices: Vec<Value> = view
+        .vertices
+        .iter()
+        .zip(&ids)
+        .enumerate()
+        .map(|(vi, (v, id))| {
+            let mine = of_vertex(snapshots, vi);
             json!({
                 "id": id,
                 "slotSharingGroupId": group,
@@ -176,20 +396,7 @@ pub(crate) fn job_details(view: &JobStatusView, now_ms: u64) -> Result<Value, se
                 "end-time": end_time(view),
                 "duration": duration(view, now_ms),
                 "tasks": per_state(vstate, u64::from(v.parallelism), str::to_string),
-                "metrics": no_metrics(),
-            })
-        })
-        .collect();
-    let nodes: Vec<Value> = vertices
-        .iter()
-        .map(|v| {
-            json!({
-                "id": v["id"],
-                "parallelism": v["parallelism"],
-                "operator": "",
-                "operator_strategy": "",
-                "description": v["name"],
-                "optimizer_properties": {},
+                "metrics": io_metrics(&mine, mine.len() == v.parallelism as usize),
             })
         })
         .collect();
@@ -218,29 +425,12 @@ pub(crate) fn job_details(view: &JobStatusView, now_ms: u64) -> Result<Value, se
         "timestamps": timestamps,
         "vertices": vertices,
         "status-counts": per_state(vstate, view.vertices.len() as u64, str::to_string),
-        "plan": { "jid": view.jid, "name": view.name, "type": "STREAMING", "nodes": nodes },
+        "plan": plan(view),
         "stream-graph": {},
         "pending-operators": 0,
         "restarts": view.restarts,
         "failure-cause": view.failure_cause,
     }))
-}
-
-/// Flink's per-vertex I/O metrics, none of which cairn collects.
-fn no_metrics() -> Value {
-    let mut m = Map::new();
-    for what in ["read-bytes", "write-bytes", "read-records", "write-records"] {
-        m.insert(what.into(), 0.into());
-        m.insert(format!("{what}-complete"), false.into());
-    }
-    for what in [
-        "accumulated-backpressured-time",
-        "accumulated-idle-time",
-        "accumulated-busy-time",
-    ] {
-        m.insert(what.into(), 0.into());
-    }
-    Value::Object(m)
 }
 
 /// `GET /jobs/{jid}/checkpoints`: Flink's `CheckpointingStatistics` (counts, a summary of the

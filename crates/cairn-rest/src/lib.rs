@@ -17,8 +17,13 @@
 //! | `GET /jobs/overview` | `{"jobs":[{"jid","name","state","start-time",..,"tasks"}]}` (`MultipleJobsDetails`) |
 //! | `GET /jobs/{jid}` | `{"jid","name","state","start-time","end-time","duration","vertices",..}` (`JobDetailsInfo`) |
 //! | `GET /jobs/{jid}/checkpoints` | `{"counts","summary","latest","history"}`, newest first (`CheckpointingStatistics`) |
+//! | `GET /jobs/{jid}/vertices/{vid}` | a vertex and its subtasks' I/O metrics (`JobVertexDetailsInfo`) |
+//! | `GET /jobs/{jid}/vertices/{vid}/backpressure` | back-pressure level and ratios per subtask (`JobVertexBackPressureInfo`) |
+//! | `GET /jobs/{jid}/exceptions` | the job's failures, newest first (`JobExceptionsInfoWithHistory`) |
+//! | `GET /jobs/{jid}/plan` | the vertices and their inputs (`JobPlanInfo`) |
 //! | `GET /jobs/{jid}/checkpoints/config` | `{"mode","interval","timeout","min_pause",..}` (durations in ms) |
 //! | `PATCH /jobs/{jid}?mode=cancel` | 202 `{}`; 409 if the job already ended; 400 for another mode |
+//! | `GET /metrics` | Prometheus (OpenMetrics) text: this process's subtasks and the jobs' status ([`cairn::metrics`]) |
 //!
 //! Every error is `{"errors":[message]}` with a 4xx/5xx status, as in Flink. With a token, every
 //! request must carry `Authorization: Bearer <token>` (401 otherwise).
@@ -27,6 +32,7 @@
 //! coordinator's); request bodies are limited to 1 MiB (413 past that).
 
 mod body;
+mod prometheus;
 mod registry;
 mod resources;
 mod server;
@@ -34,5 +40,5 @@ mod submit;
 
 pub use registry::JobRegistry;
 pub use resources::{ClusterResources, Resources};
-pub use server::{serve, RestError, RestServer, SUBMIT_BODY_MAX};
+pub use server::{serve, serve_metrics, RestError, RestServer, SUBMIT_BODY_MAX};
 pub use submit::JobSubmitter;

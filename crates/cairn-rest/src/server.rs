@@ -111,6 +111,20 @@ pub fn serve(
     if token.as_deref().is_some_and(str::is_empty) {
         return Err(RestError::EmptyToken);
     }
+    serve_app(addr, router(registry, token))
+}
+
+/// Serves `GET /metrics` alone (a worker's subtasks, `cairn worker --metrics ADDR`), like
+/// [`serve`] otherwise.
+pub fn serve_metrics(addr: SocketAddr) -> Result<RestServer, RestError> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(JobRegistry::new());
+    serve_app(addr, app)
+}
+
+fn serve_app(addr: SocketAddr, app: Router) -> Result<RestServer, RestError> {
     let start_err = |source| RestError::Start { addr, source };
     let std_listener =
         std::net::TcpListener::bind(addr).map_err(|source| RestError::Bind { addr, source })?;
@@ -127,7 +141,6 @@ pub fn serve(
         let _guard = runtime.enter();
         tokio::net::TcpListener::from_std(std_listener).map_err(start_err)?
     };
-    let app = router(registry, token);
     let (stop_tx, stop_rx) = watch::channel(false);
     let thread = std::thread::Builder::new()
         .name("cairn-rest".into())
@@ -177,6 +190,13 @@ fn router(registry: JobRegistry, token: Option<String>) -> Router {
         .route("/jobs/overview", get(jobs_overview))
         .route("/jobs/{jid}", get(job_details).patch(patch_job))
         .route("/jobs/{jid}/checkpoints", get(checkpoints))
+        .route("/jobs/{jid}/vertices/{vid}", get(vertex_details))
+        .route(
+            "/jobs/{jid}/vertices/{vid}/backpressure",
+            get(vertex_backpressure),
+        )
+        .route("/jobs/{jid}/exceptions", get(job_exceptions))
+        .route("/jobs/{jid}/plan", get(job_plan))
         .route("/jobs/{jid}/checkpoints/config", get(checkpoint_config))
         .route("/jobs/{jid}/savepoints", post(trigger_savepoint))
         .route("/jobs/{jid}/savepoints/{rid}", get(savepoint_status))
@@ -187,6 +207,7 @@ fn router(registry: JobRegistry, token: Option<String>) -> Router {
     let router = Router::new()
         .nest("/v1", api.clone())
         .merge(api)
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(SUBMIT_BODY_MAX))
         .with_state(registry);
@@ -197,6 +218,22 @@ fn router(registry: JobRegistry, token: Option<String>) -> Router {
         )),
         None => router,
     }
+}
+
+/// `GET /metrics`: this process's subtasks and the registry's jobs, in Prometheus
+/// (OpenMetrics) text.
+async fn metrics(State(registry): State<JobRegistry>) -> Response {
+    let jobs: Vec<_> = registry.list().iter().map(|s| s.view()).collect();
+    let now_ms = cairn::checkpoint::now_ms() as i64;
+    let text = crate::prometheus::render(&cairn::metrics::registry().subtasks(), &jobs, now_ms);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::prometheus::CONTENT_TYPE),
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// An error answer: `{"errors":[message]}` with a status, as Flink's.
@@ -353,7 +390,80 @@ async fn job_details(
 ) -> ApiResult {
     let Path(jid) = jid?;
     let view = lookup(&registry, &jid)?.view();
-    Ok(Json(body::job_details(&view, cairn::checkpoint::now_ms())?))
+    let snapshots = cairn::metrics::snapshots_of_job(&view.jid);
+    Ok(Json(body::job_details(
+        &view,
+        &snapshots,
+        cairn::checkpoint::now_ms(),
+    )?))
+}
+
+/// The job's view and the index of its vertex `vid`; 404 for an unknown one.
+fn lookup_vertex(
+    registry: &JobRegistry,
+    jid: &str,
+    vid: &str,
+) -> Result<(cairn::runtime::JobStatusView, usize), ApiError> {
+    let view = lookup(registry, jid)?.view();
+    let vi = body::vertex_ids(&view)
+        .iter()
+        .position(|id| id == vid)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("job {jid} has no vertex {vid}"),
+            )
+        })?;
+    Ok((view, vi))
+}
+
+async fn vertex_details(
+    State(registry): State<JobRegistry>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+) -> ApiResult {
+    let Path((jid, vid)) = ids?;
+    let (view, vi) = lookup_vertex(&registry, &jid, &vid)?;
+    let snapshots = cairn::metrics::snapshots_of_job(&view.jid);
+    Ok(Json(body::vertex_details(
+        &view,
+        vi,
+        &vid,
+        &snapshots,
+        cairn::checkpoint::now_ms(),
+    )))
+}
+
+async fn vertex_backpressure(
+    State(registry): State<JobRegistry>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+) -> ApiResult {
+    let Path((jid, vid)) = ids?;
+    let (view, vi) = lookup_vertex(&registry, &jid, &vid)?;
+    let snapshots = cairn::metrics::snapshots_of_job(&view.jid);
+    Ok(Json(body::backpressure(
+        &view,
+        vi,
+        &snapshots,
+        cairn::checkpoint::now_ms(),
+    )))
+}
+
+async fn job_exceptions(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+) -> ApiResult {
+    let Path(jid) = jid?;
+    let view = lookup(&registry, &jid)?.view();
+    Ok(Json(body::exceptions(&view)))
+}
+
+async fn job_plan(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+) -> ApiResult {
+    let Path(jid) = jid?;
+    let view = lookup(&registry, &jid)?.view();
+    Ok(Json(body::job_plan(&view)))
 }
 
 async fn checkpoints(

@@ -534,10 +534,15 @@ fn jobs_overview_entries_are_flink_job_details() {
             VertexView {
                 name: "Source: words -> Map".into(),
                 parallelism: 2,
+                inputs: Vec::new(),
             },
             VertexView {
                 name: "counts -> Sink".into(),
                 parallelism: 3,
+                inputs: vec![cairn::runtime::VertexInput {
+                    vertex: 0,
+                    ship_strategy: "HASH".into(),
+                }],
             },
         ];
         v.max_parallelism = 128;
@@ -600,6 +605,7 @@ fn overview_and_config_are_flink_shaped() {
         v.vertices = vec![VertexView {
             name: "all".into(),
             parallelism: 3,
+            inputs: Vec::new(),
         }]
     });
     let srv = server(reg.clone(), None);

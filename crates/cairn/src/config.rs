@@ -70,6 +70,9 @@ pub mod keys {
     /// copy entries as they change (true, the default) instead of copying every table in the
     /// synchronous part (false: for comparing the two).
     pub const HEAP_COPY_ON_WRITE: &str = "state.backend.heap.copy-on-write";
+    /// `metrics.enabled`: count the subtasks' records, bytes, idle and back-pressured time for
+    /// `/metrics` and the REST API (true, the default; false: for measuring what it costs).
+    pub const METRICS_ENABLED: &str = "metrics.enabled";
     /// `state.backend.rocksdb.localdir`: where RocksDB instances keep their working files.
     pub const ROCKSDB_LOCAL_DIR: &str = "state.backend.rocksdb.localdir";
     /// `state.backend.rocksdb.memory.fixed-per-slot`: the memory budget of one subtask's
@@ -148,6 +151,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     keys::NUM_RETAINED,
     keys::INCREMENTAL,
     keys::HEAP_COPY_ON_WRITE,
+    keys::METRICS_ENABLED,
     keys::ROCKSDB_LOCAL_DIR,
     keys::ROCKSDB_MEMORY,
     keys::IGNORE_UNCLAIMED_STATE,
@@ -636,6 +640,8 @@ pub struct JobConfig {
     pub incremental: bool,
     /// `state.backend.heap.copy-on-write` (default true).
     pub heap_copy_on_write: bool,
+    /// `metrics.enabled` (default true).
+    pub metrics_enabled: bool,
     /// `state.backend.rocksdb.localdir` (default: `cairn-rocksdb` in the temporary directory).
     pub rocksdb_local_dir: Option<PathBuf>,
     /// `state.backend.rocksdb.memory.fixed-per-slot` in bytes (default 128 MiB, at least 8 MiB).
@@ -679,6 +685,7 @@ impl Default for JobConfig {
             num_retained: 1,
             incremental: false,
             heap_copy_on_write: true,
+            metrics_enabled: true,
             rocksdb_local_dir: None,
             rocksdb_memory: crate::state::rocks::DEFAULT_MEMORY_BYTES,
             ignore_unclaimed_state: false,
@@ -826,6 +833,7 @@ impl JobConfig {
             keys::NUM_RETAINED => self.num_retained = p.u32_min(1)?,
             keys::INCREMENTAL => self.incremental = p.bool()?,
             keys::HEAP_COPY_ON_WRITE => self.heap_copy_on_write = p.bool()?,
+            keys::METRICS_ENABLED => self.metrics_enabled = p.bool()?,
             keys::ROCKSDB_LOCAL_DIR => self.rocksdb_local_dir = Some(p.checkpoint_dir()?),
             keys::ROCKSDB_MEMORY => self.rocksdb_memory = p.memory_size(8 << 20)?,
             keys::IGNORE_UNCLAIMED_STATE => self.ignore_unclaimed_state = p.bool()?,
@@ -1015,6 +1023,7 @@ impl JobConfig {
                     keys::NUM_RETAINED => self.num_retained.to_string(),
                     keys::INCREMENTAL => self.incremental.to_string(),
                     keys::HEAP_COPY_ON_WRITE => self.heap_copy_on_write.to_string(),
+                    keys::METRICS_ENABLED => self.metrics_enabled.to_string(),
                     keys::ROCKSDB_LOCAL_DIR => match &self.rocksdb_local_dir {
                         Some(p) => p.display().to_string(),
                         None => "(not set)".to_string(),
@@ -1075,6 +1084,7 @@ fn expected_for(key: &str) -> &'static str {
         | keys::UNALIGNED_ALIAS
         | keys::INCREMENTAL
         | keys::HEAP_COPY_ON_WRITE
+        | keys::METRICS_ENABLED
         | keys::S3_PATH_STYLE
         | keys::IGNORE_UNCLAIMED_STATE => "true or false",
         keys::S3_ENDPOINT | keys::S3_REGION | keys::S3_ACCESS_KEY | keys::S3_SECRET_KEY => {
@@ -1692,6 +1702,7 @@ mod tests {
             num_retained: 5,
             incremental: true,
             heap_copy_on_write: true,
+            metrics_enabled: true,
             rocksdb_local_dir: None,
             rocksdb_memory: crate::state::rocks::DEFAULT_MEMORY_BYTES,
             ignore_unclaimed_state: false,

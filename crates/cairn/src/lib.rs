@@ -12,6 +12,7 @@ pub mod connectors;
 pub mod error;
 pub mod failpoint;
 pub mod jobs;
+pub mod metrics;
 pub mod runtime;
 pub mod state;
 pub mod storage;

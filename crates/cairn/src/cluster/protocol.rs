@@ -37,6 +37,9 @@ pub enum ToCoordinator {
         /// Attempt.
         attempt: u32,
     },
+    /// The metrics of the worker's subtasks (about once a second, while it has any), for the
+    /// coordinator's REST API.
+    Metrics(Vec<crate::metrics::SubtaskSnapshot>),
 }
 
 /// A subtask's report, as it crosses the network.

@@ -43,6 +43,9 @@ pub struct WorkerOptions {
     pub heartbeat_interval: Duration,
 }
 
+/// How often a worker reports its subtasks' metrics to the coordinator.
+const METRICS_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
 type Writer = Arc<Mutex<TcpStream>>;
 
 /// A local subtask's mailbox and priority mailbox.
@@ -734,9 +737,23 @@ fn session(
         std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || {
+                let mut last_report = Instant::now();
                 while alive.load(Ordering::Acquire) {
                     if !send(&writer, &ToCoordinator::Heartbeat) {
                         return;
+                    }
+                    if last_report.elapsed() >= METRICS_REPORT_INTERVAL {
+                        last_report = Instant::now();
+                        let snapshots: Vec<_> = crate::metrics::registry()
+                            .subtasks()
+                            .iter()
+                            .map(|m| m.snapshot())
+                            .collect();
+                        if !snapshots.is_empty()
+                            && !send(&writer, &ToCoordinator::Metrics(snapshots))
+                        {
+                            return;
+                        }
                     }
                     std::thread::sleep(interval);
                 }

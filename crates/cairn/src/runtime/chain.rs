@@ -310,8 +310,10 @@ impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
         if sender.is_remote() {
             let bytes = postcard::to_stdvec(&full)
                 .map_err(|e| TaskError::msg(format!("cannot serialize a batch: {e}")))?;
+            crate::metrics::sent(full.len(), bytes.len());
             return sender.send_encoded(bytes, overdraft);
         }
+        crate::metrics::sent(full.len(), 0);
         if overdraft {
             sender.send_batch_overdraft(Box::new(full))
         } else {
@@ -341,6 +343,7 @@ impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
             {
                 let full = std::mem::replace(batch, Vec::with_capacity(BATCH_RECORDS_MAX));
                 self.sent[0] += 1;
+                crate::metrics::sent(full.len(), 0);
                 return self.senders[0].send_batch(Box::new(full));
             }
             for rec in batch.drain(..) {
@@ -399,6 +402,9 @@ impl<T: Clone + Send + Serialize + 'static> EdgeWriter<T> {
     }
 
     fn emit(&mut self, event: Event) -> TaskResult {
+        if let Event::Watermark(t) = event {
+            crate::metrics::watermark(t);
+        }
         let unaligned = matches!(event, Event::UnalignedBarrier(_));
         for step in Forwarding::new().steps(unaligned) {
             match step {

@@ -183,6 +183,15 @@ pub trait CreditReturn: Send + Sync {
     fn release(&self);
 }
 
+/// Batches sent and not yet taken by the receiver, and the channel's room.
+impl crate::metrics::Queue for Credit {
+    fn in_use(&self) -> (usize, usize) {
+        let available = self.state.lock().map_or(0, |s| s.available);
+        let used = (self.capacity as isize - available).max(0) as usize;
+        (used, self.capacity)
+    }
+}
+
 impl CreditReturn for Credit {
     fn release(&self) {
         Credit::release(self);
@@ -203,6 +212,8 @@ struct CreditState {
 pub struct Credit {
     state: Mutex<CreditState>,
     changed: Condvar,
+    /// The batches of room the channel has.
+    capacity: usize,
 }
 
 impl Credit {
@@ -215,6 +226,7 @@ impl Credit {
                 waiting: 0,
             }),
             changed: Condvar::new(),
+            capacity: credits,
         })
     }
 
@@ -229,8 +241,11 @@ impl Credit {
                 s.available -= 1;
                 return Ok(());
             }
+            // Back-pressured: the time until a credit comes back is the task's.
+            let since = std::time::Instant::now();
             s.waiting += 1;
             let woken = self.changed.wait(s);
+            crate::metrics::backpressured(since.elapsed());
             s = woken.map_err(|_| TaskError::Cancelled)?;
             s.waiting -= 1;
         }

@@ -234,6 +234,8 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
         .collect();
     let mut edge_forward = vec![false; graph.edges().len()];
     let mut all_credits = Vec::new();
+    // Per upstream task, the credits of its output channels (the metrics' output queue fill).
+    let mut output_credits: Vec<Vec<Arc<dyn crate::metrics::Queue>>> = vec![Vec::new(); total];
     for (vi, v) in plan.vertices.iter().enumerate() {
         let head = v.nodes[0];
         for i in 0..v.parallelism as usize {
@@ -258,6 +260,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                             let credit = Credit::new(CHANNEL_CREDITS_MAX);
                             channel_credits[task].push(credit.clone());
                             all_credits.push(credit.clone());
+                            output_credits[upstream_task].push(credit.clone());
                             let (Some(m), Some(p)) = (&mail_tx[task], &prio_tx[task]) else {
                                 return Err(TaskError::msg("mailbox missing for a local task"));
                             };
@@ -274,6 +277,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                         (false, true, Some(links)) => {
                             let credit = Credit::new(CHANNEL_CREDITS_MAX);
                             all_credits.push(credit.clone());
+                            output_credits[upstream_task].push(credit.clone());
                             edge_senders[ei][j].push(links.channel_to(task, ch, credit)?);
                         }
                         (false, false, _) => {}
@@ -384,6 +388,21 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
     };
     for (task, vi, body, i, restored_channels) in bodies {
         let v = &plan.vertices[vi];
+        let io = cx.config.metrics_enabled.then(|| {
+            let m = crate::metrics::registry().subtask(
+                cx.job_id,
+                graph.name(),
+                vi,
+                &v.name,
+                i,
+                v.is_source,
+            );
+            m.attach(
+                channel_ports[task].len() * CHANNEL_CREDITS_MAX,
+                std::mem::take(&mut output_credits[task]),
+            );
+            m
+        });
         let rt = TaskRuntime {
             index: task,
             vertex: vi,
@@ -409,6 +428,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
             uploader: upload_tx.clone(),
             injector: cx.injector.clone(),
             metrics: cx.metrics.clone(),
+            io,
             checkpointing,
             stopped: cx.sources_stopped,
         };

@@ -281,7 +281,7 @@ pub fn run_job_with(
     let status = opts.status.clone().unwrap_or_else(|| {
         JobStatus::new(job_id.clone(), graph.name().to_string(), config.describe())
     });
-    let vertices = plan.vertex_views();
+    let vertices = plan.vertex_views(graph);
     status.update(|v| {
         v.jid = job_id.clone();
         v.name = graph.name().to_string();

@@ -23,6 +23,6 @@ pub use job::{
     RunOptions,
 };
 pub use status::{
-    JobCommand, JobState, JobStatus, JobStatusView, SavepointKind, SavepointState, SavepointStatus,
-    VertexView,
+    ExceptionView, JobCommand, JobState, JobStatus, JobStatusView, SavepointKind, SavepointState,
+    SavepointStatus, VertexInput, VertexView,
 };

@@ -101,13 +101,36 @@ impl Plan {
             .collect()
     }
 
-    /// The task vertices' names and parallelisms, in graph order, for observers.
-    pub fn vertex_views(&self) -> Vec<super::status::VertexView> {
+    /// The task vertices' names, parallelisms and inputs, in graph order, for observers.
+    pub fn vertex_views(&self, graph: &JobGraph) -> Vec<super::status::VertexView> {
         self.vertices
             .iter()
-            .map(|v| super::status::VertexView {
+            .enumerate()
+            .map(|(vi, v)| super::status::VertexView {
                 name: v.name.clone(),
                 parallelism: v.parallelism,
+                inputs: graph
+                    .edges()
+                    .iter()
+                    .filter(|e| self.node_vertex[e.to] == vi && self.node_vertex[e.from] != vi)
+                    .map(|e| {
+                        let from = self.node_vertex[e.from];
+                        let ship = match e.partition {
+                            EdgePartition::Default
+                                if self.vertices[from].parallelism == v.parallelism =>
+                            {
+                                "FORWARD"
+                            }
+                            EdgePartition::Default | EdgePartition::Rebalance => "REBALANCE",
+                            EdgePartition::Hash(_) => "HASH",
+                            EdgePartition::Broadcast => "BROADCAST",
+                        };
+                        super::status::VertexInput {
+                            vertex: from,
+                            ship_strategy: ship.to_string(),
+                        }
+                    })
+                    .collect(),
             })
             .collect()
     }

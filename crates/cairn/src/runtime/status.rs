@@ -131,6 +131,10 @@ pub struct JobStatusView {
     pub restarts: u32,
     /// Last failure, if any.
     pub failure_cause: Option<String>,
+    /// Restarts by cause (task, injected, worker-lost, checkpoint, job), in name order.
+    pub restart_causes: Vec<(String, u64)>,
+    /// The job's failures, oldest first (at most [`EXCEPTIONS_MAX`], the newest kept).
+    pub exceptions: Vec<ExceptionView>,
     /// Checkpoint counts.
     pub checkpoint_counts: CheckpointCounts,
     /// The most recent completed checkpoints, newest last (at most [`HISTORY_MAX`]).
@@ -152,7 +156,35 @@ pub struct VertexView {
     pub name: String,
     /// Its number of subtasks.
     pub parallelism: u32,
+    /// The vertices feeding it, in edge order.
+    #[serde(default)]
+    pub inputs: Vec<VertexInput>,
 }
+
+/// An input of a task vertex: the upstream vertex and how records are shipped.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VertexInput {
+    /// Index of the upstream vertex (in graph order).
+    pub vertex: usize,
+    /// `FORWARD`, `HASH`, `REBALANCE` or `BROADCAST` (Flink's ship strategies).
+    pub ship_strategy: String,
+}
+
+/// One failure of the job, as observers see it (Flink's exception history entry).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExceptionView {
+    /// When it happened (ms since the Unix epoch).
+    pub timestamp: u64,
+    /// What failed.
+    pub cause: String,
+    /// Its kind: task, injected, worker-lost, checkpoint or job.
+    pub kind: String,
+    /// Whether the job restarted (else it failed for good, or the failure was not restarted).
+    pub restarted: bool,
+}
+
+/// Failures kept in the status for observers.
+pub const EXCEPTIONS_MAX: usize = 32;
 
 /// Completed checkpoints kept in the status for observers.
 pub const HISTORY_MAX: usize = 100;
@@ -182,6 +214,8 @@ impl JobStatus {
                 end_time: None,
                 restarts: 0,
                 failure_cause: None,
+                restart_causes: Vec::new(),
+                exceptions: Vec::new(),
                 checkpoint_counts: CheckpointCounts::default(),
                 checkpoint_history: Vec::new(),
                 config,

@@ -189,6 +189,8 @@ pub struct TaskRuntime {
     pub injector: Option<Arc<FailureInjector>>,
     /// Shared counters.
     pub metrics: Arc<JobMetrics>,
+    /// This subtask's metrics (None: `metrics.enabled: false`).
+    pub io: Option<Arc<crate::metrics::SubtaskMetrics>>,
     /// Whether checkpointing is on.
     pub checkpointing: bool,
     /// A source starts stopped: it reads nothing and waits for end of input.
@@ -198,6 +200,7 @@ pub struct TaskRuntime {
 impl TaskRuntime {
     /// Runs the subtask to its end.
     pub fn run(mut self) -> TaskResult {
+        let _metrics = crate::metrics::enter(self.io.clone());
         if self.gate.is_some() {
             self.run_operator()
         } else {
@@ -414,7 +417,8 @@ impl TaskRuntime {
             }
             let mail = if exhausted || stopped.is_some() {
                 self.body.flush()?;
-                match timer {
+                let since = Instant::now();
+                let mail = match timer {
                     None => Some(self.mailbox.recv().map_err(|_| TaskError::Cancelled)?),
                     Some(t) => match self.mailbox.recv_deadline(instant_of(t)) {
                         Ok(m) => Some(m),
@@ -423,18 +427,23 @@ impl TaskRuntime {
                             return Err(TaskError::Cancelled)
                         }
                     },
-                }
+                };
+                crate::metrics::idle(since.elapsed());
+                mail
             } else if let Some(until) = idle_until.take() {
                 // A throttled source has nothing yet: wait for mail, at most until it has.
                 self.body.flush()?;
                 let until = earlier(Some(until), timer.map(instant_of)).unwrap_or(until);
-                match self.mailbox.recv_deadline(until) {
+                let since = Instant::now();
+                let mail = match self.mailbox.recv_deadline(until) {
                     Ok(m) => Some(m),
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                         return Err(TaskError::Cancelled)
                     }
-                }
+                };
+                crate::metrics::idle(since.elapsed());
+                mail
             } else {
                 match self.mailbox.try_recv() {
                     Ok(m) => Some(m),
@@ -483,6 +492,9 @@ impl TaskRuntime {
             }
             let (n, status) = self.body.poll_source()?;
             self.metrics.records.fetch_add(n as u64, Ordering::Relaxed);
+            if let Some(io) = &self.io {
+                io.records_read.fetch_add(n as u64, Ordering::Relaxed);
+            }
             self.inject()?;
             if let SourceStatus::IdleUntil(until) = status {
                 idle_until = Some(until);
@@ -696,7 +708,10 @@ impl TaskRuntime {
                             Err(TryRecvError::Empty) => {
                                 self.body.flush()?;
                                 let deadline = earlier(gate.deadline(), timer.map(instant_of));
-                                match self.wait(deadline)? {
+                                let since = Instant::now();
+                                let mail = self.wait(deadline)?;
+                                crate::metrics::idle(since.elapsed());
+                                match mail {
                                     Some(m) => m,
                                     None => continue,
                                 }
@@ -718,7 +733,12 @@ impl TaskRuntime {
             };
             let port = self.channel_ports[ch];
             let (batch, encoded) = match element {
-                Element::Encoded(bytes) => (self.body.decode_batch(port, &bytes)?, Some(bytes)),
+                Element::Encoded(bytes) => {
+                    if let Some(io) = &self.io {
+                        io.bytes_in.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    }
+                    (self.body.decode_batch(port, &bytes)?, Some(bytes))
+                }
                 Element::Batch(batch) => (batch, None),
                 other => {
                     self.handle_event(&mut gate, &mut valve, ch, port, other, &mut open_per_port)?;
@@ -745,7 +765,12 @@ impl TaskRuntime {
             } else {
                 None
             };
-            self.body.process(port, batch)?;
+            let n = self.body.process(port, batch)?;
+            if let Some(io) = &self.io {
+                io.records_in.fetch_add(n as u64, Ordering::Relaxed);
+                io.inputs_queued
+                    .store(self.mailbox.len() as u64, Ordering::Relaxed);
+            }
             timer = self.body.next_processing_timer();
             self.inject()?;
             if let Some(a) = gate.after_batch(ch, recorded) {
@@ -798,7 +823,10 @@ impl TaskRuntime {
     /// Passes what the input watermarks decided to the chain.
     fn watermark_out(&mut self, out: Option<WatermarkOutput>) -> TaskResult {
         match out {
-            Some(WatermarkOutput::Watermark(w)) => self.body.watermark(w),
+            Some(WatermarkOutput::Watermark(w)) => {
+                crate::metrics::watermark(w);
+                self.body.watermark(w)
+            }
             Some(WatermarkOutput::Idle) => self.body.emit(Event::Idle),
             None => Ok(()),
         }
@@ -895,6 +923,7 @@ mod tests {
             uploader,
             injector: None,
             metrics: Arc::default(),
+            io: None,
             checkpointing: true,
             stopped: false,
         };

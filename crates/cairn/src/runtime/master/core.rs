@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use super::super::restart::RestartTracker;
-use super::super::status::JobState;
+use super::super::status::{ExceptionView, JobState, EXCEPTIONS_MAX};
 use super::super::task::JobEvent;
 use crate::checkpoint::coordinator::TaskInfo;
 use crate::checkpoint::{CheckpointCoordinator, SavepointOutcome, SavepointRequest, TaskMessage};
@@ -60,6 +60,9 @@ pub(crate) enum Outcome {
 /// A failure and what it takes down.
 struct Failure {
     cause: String,
+    /// What failed, for the restart counts by cause: task, injected, worker-lost, checkpoint
+    /// or job.
+    kind: &'static str,
     /// The pipelined regions it is confined to (None: the whole job).
     regions: Option<BTreeSet<usize>>,
     /// No restart can fix it ([`TaskError::Unrecoverable`]): the job fails at once.
@@ -70,8 +73,17 @@ impl Failure {
     fn job(cause: String) -> Self {
         Failure {
             cause,
+            kind: "job",
             regions: None,
             unrecoverable: false,
+        }
+    }
+
+    /// Checkpoints failed beyond what is tolerated.
+    fn checkpoint(cause: String) -> Self {
+        Failure {
+            kind: "checkpoint",
+            ..Failure::job(cause)
         }
     }
 }
@@ -123,6 +135,10 @@ pub(crate) struct MasterCore {
     cancelled: Vec<u32>,
     state: JobState,
     failure_cause: Option<String>,
+    /// Restarts by the kind of failure that caused them.
+    restart_causes: std::collections::BTreeMap<&'static str, u64>,
+    /// The latest failures, oldest first (at most [`EXCEPTIONS_MAX`]).
+    exceptions: VecDeque<ExceptionView>,
     outcome: Option<Outcome>,
     actions: VecDeque<MasterAction>,
     /// Savepoint requests refused at once.
@@ -173,6 +189,8 @@ impl MasterCore {
             cancelled: Vec::new(),
             state: JobState::Created,
             failure_cause: None,
+            restart_causes: Default::default(),
+            exceptions: VecDeque::new(),
             outcome: None,
             actions: VecDeque::new(),
             savepoint_refused: Vec::new(),
@@ -221,6 +239,19 @@ impl MasterCore {
 
     pub(crate) fn failure_cause(&self) -> Option<&str> {
         self.failure_cause.as_deref()
+    }
+
+    /// Restarts by cause, in name order.
+    pub(crate) fn restart_causes(&self) -> Vec<(String, u64)> {
+        self.restart_causes
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect()
+    }
+
+    /// The latest failures, oldest first.
+    pub(crate) fn exceptions(&self) -> Vec<ExceptionView> {
+        self.exceptions.iter().cloned().collect()
     }
 
     pub(crate) fn coordinator(&self) -> Option<&CheckpointCoordinator> {
@@ -397,7 +428,7 @@ impl MasterCore {
                         }
                         None
                     }
-                    Err(e) => Some(Failure::job(e.to_string())),
+                    Err(e) => Some(Failure::checkpoint(e.to_string())),
                 }
             }
             JobEvent::Decline {
@@ -408,7 +439,7 @@ impl MasterCore {
                 let c = self.coordinator.as_mut()?;
                 let result = c.on_decline(checkpoint_id, attempt, &cause, now);
                 self.deliver();
-                result.err().map(|e| Failure::job(e.to_string()))
+                result.err().map(|e| Failure::checkpoint(e.to_string()))
             }
             JobEvent::SourceExhausted { attempt, task } => {
                 if self.is_current(task, attempt) {
@@ -424,6 +455,7 @@ impl MasterCore {
                     .collect();
                 (!regions.is_empty()).then_some(Failure {
                     cause: reason,
+                    kind: "worker-lost",
                     regions: Some(regions),
                     unrecoverable: false,
                 })
@@ -446,6 +478,11 @@ impl MasterCore {
                     }
                     Err(e) => Some(Failure {
                         cause: e.to_string(),
+                        kind: if matches!(e, TaskError::Injected { .. }) {
+                            "injected"
+                        } else {
+                            "task"
+                        },
                         regions: Some(BTreeSet::from([self.region_of_task[task]])),
                         unrecoverable: matches!(e, TaskError::Unrecoverable(_)),
                     }),
@@ -499,7 +536,7 @@ impl MasterCore {
         if end_sent {
             // The last checkpoint completed and the sources are ending: no more checkpoints.
             self.deliver();
-            return timeouts.map_err(|e| Failure::job(e.to_string()));
+            return timeouts.map_err(|e| Failure::checkpoint(e.to_string()));
         }
         if let Some(f) = self.final_checkpoint {
             // The final checkpoint was aborted: take another one.
@@ -522,7 +559,7 @@ impl MasterCore {
             }
         }
         self.deliver();
-        timeouts.map_err(|e| Failure::job(e.to_string()))
+        timeouts.map_err(|e| Failure::checkpoint(e.to_string()))
     }
 
     /// Cancels what a failure takes down and schedules its restart after the strategy's
@@ -538,6 +575,16 @@ impl MasterCore {
             _ => all.clone(),
         };
         let cause = failure.cause;
+        let kind = failure.kind;
+        if self.exceptions.len() == EXCEPTIONS_MAX {
+            self.exceptions.pop_front();
+        }
+        self.exceptions.push_back(ExceptionView {
+            timestamp: crate::checkpoint::now_ms(),
+            cause: cause.clone(),
+            kind: kind.to_string(),
+            restarted: false,
+        });
         if scope == all {
             self.cancelled = self.running_attempts();
             self.cancel_all();
@@ -580,6 +627,10 @@ impl MasterCore {
         let Some(delay) = self.decide_restart(cause, now) else {
             return;
         };
+        *self.restart_causes.entry(kind).or_default() += 1;
+        if let Some(e) = self.exceptions.back_mut() {
+            e.restarted = true;
+        }
         // In-flight checkpoints wait for subtasks that are gone: this aborts them.
         self.update_coordinator_tasks(now);
         info!(

@@ -340,11 +340,14 @@ impl<'a> JobMaster<'a> {
         }
         let restarts = self.core.restart_count();
         let cause = self.core.failure_cause().map(str::to_string);
+        let (causes, exceptions) = (self.core.restart_causes(), self.core.exceptions());
         self.status.update(|v| {
             v.restarts = restarts;
             if cause.is_some() {
                 v.failure_cause = cause;
             }
+            v.restart_causes = causes;
+            v.exceptions = exceptions;
         });
     }
 
