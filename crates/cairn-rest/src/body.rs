@@ -3,8 +3,9 @@
 //! Flink's own client parses these with every constructor property required (a missing field
 //! fails the whole answer) and unknown fields ignored, so every body carries all of Flink's
 //! fields, with cairn's own ones added beside them. Where cairn does not track what Flink
-//! reports (per-vertex I/O metrics, the state of each subtask), the field is there with a
-//! neutral value that says so (zeros, `false` for "complete"); see each function.
+//! reports (the state of each subtask, a subtask's host), the field is there with a neutral
+//! value; per-vertex I/O metrics come from the subtasks' metrics (`false` for "complete" while
+//! some subtask has none yet); see each function.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
