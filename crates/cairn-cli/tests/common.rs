@@ -456,7 +456,8 @@ pub fn restored_checkpoint(stderr: &str) -> Option<u64> {
 /// Fills Kafka topic `topic` (which must exist) at `brokers` with `lines` lines of
 /// `words_per_line` words, spread round-robin over `partitions` partitions; word number i
 /// (counted over all lines) is `w` + ((i * 7919) mod `keys`), as `--generate` makes them, so
-/// the expected counts are `generated_counts(lines * words_per_line, keys)`.
+/// the expected counts are `generated_counts(lines * words_per_line, keys)`; then seals every
+/// partition ([`seal_partitions`]).
 pub fn fill_topic(
     brokers: &str,
     topic: &str,
@@ -465,42 +466,22 @@ pub fn fill_topic(
     words_per_line: u64,
     keys: u64,
 ) {
-    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("linger.ms", "20")
-        .set("batch.num.messages", "10000")
-        .create()
-        .expect("a Kafka producer");
-    let mut line = String::new();
-    for i in 0..lines {
-        line.clear();
-        for j in 0..words_per_line {
-            if j > 0 {
-                line.push(' ');
-            }
-            let n = (i * words_per_line + j).wrapping_mul(7919) % keys;
-            line.push_str(&format!("w{n}"));
-        }
-        let mut rec = BaseRecord::<(), str>::to(topic)
-            .partition((i % partitions as u64) as i32)
-            .payload(line.as_str());
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-                Err((e, _)) => panic!("cannot fill topic {topic} at {brokers}: {e}"),
-            }
-        }
-    }
-    producer
-        .flush(Duration::from_secs(120))
-        .unwrap_or_else(|e| panic!("cannot fill topic {topic} at {brokers}: {e}"));
+    let records = word_lines(lines, words_per_line, keys)
+        .enumerate()
+        .map(|(i, line)| ((i as u64 % partitions as u64) as i32, line));
+    cairn::connectors::kafka::produce(brokers, topic, records).unwrap_or_else(|e| panic!("{e}"));
     seal_partitions(brokers, topic, partitions);
+}
+
+/// `lines` lines of `words_per_line` words; word number i (counted over all lines) is `w` +
+/// ((i * 7919) mod `keys`), as `--generate` makes them.
+pub fn word_lines(lines: u64, words_per_line: u64, keys: u64) -> impl Iterator<Item = String> {
+    (0..lines).map(move |i| {
+        let words: Vec<String> = (0..words_per_line)
+            .map(|j| format!("w{}", (i * words_per_line + j).wrapping_mul(7919) % keys))
+            .collect();
+        words.join(" ")
+    })
 }
 
 /// Ends every partition of `topic` with an empty line (no words) in a record batch of its own.
@@ -508,19 +489,23 @@ pub fn fill_topic(
 /// batch, so a bounded read there stops before the rest of that batch; sealed, what it misses
 /// is the empty line. (A real broker reports the true end; the empty lines count no word.)
 pub fn seal_partitions(brokers: &str, topic: &str, partitions: i32) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("linger.ms", "0")
-        .create()
-        .expect("a Kafka producer");
     for p in 0..partitions {
-        producer
-            .send(BaseRecord::<(), str>::to(topic).partition(p).payload(""))
-            .map_err(|(e, _)| e)
-            .unwrap_or_else(|e| panic!("cannot seal topic {topic} at {brokers}: {e}"));
-        producer
-            .flush(Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("cannot seal topic {topic} at {brokers}: {e}"));
+        cairn::connectors::kafka::produce(brokers, topic, [(p, "")])
+            .unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+/// The Kafka broker of the tests that need transactions: Tansu from `scripts/service-kafka`
+/// on 127.0.0.1:59092, or `CAIRN_TEST_KAFKA_BROKERS`.
+pub fn kafka_brokers() -> String {
+    std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into())
+}
+
+/// A topic name starting with `what`, unique to this run.
+pub fn unique_topic(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{what}-{}-{nanos}", std::process::id())
 }

@@ -24,17 +24,13 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 /// A record's key and value.
 type KeyValue = (Option<Vec<u8>>, Option<Vec<u8>>);
 
-fn brokers() -> String {
-    std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into())
-}
-
 /// A client of the test broker; fails the test if no broker answers.
 fn broker() -> WireClient {
-    let mut w = WireClient::new(&brokers(), Duration::from_secs(20));
+    let mut w = WireClient::new(&kafka_brokers(), Duration::from_secs(20));
     if let Err(e) = w.topic_metadata("cairn-probe", false) {
         panic!(
             "no Kafka broker answers at {} ({e}): start it with scripts/service-kafka (or point CAIRN_TEST_KAFKA_BROKERS at one)",
-            brokers()
+            kafka_brokers()
         );
     }
     w
@@ -42,11 +38,7 @@ fn broker() -> WireClient {
 
 /// A new topic of `partitions` partitions, named after `what` and unique to this run.
 fn new_topic(w: &mut WireClient, what: &str, partitions: i32) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let topic = format!("{what}-{}-{nanos}", std::process::id());
+    let topic = unique_topic(what);
     w.create_topic(&topic, partitions).unwrap();
     topic
 }
@@ -109,7 +101,7 @@ fn check_counts(mut seen: HashMap<String, Vec<u64>>, expected: &HashMap<String, 
 /// the end of every partition.
 fn read_committed_with_librdkafka(w: &mut WireClient, topic: &str) -> Vec<KeyValue> {
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+        .set("bootstrap.servers", kafka_brokers())
         .set("group.id", "cairn-kafka-sink-test")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
@@ -188,7 +180,7 @@ fn wordcount(
             "--keys",
             &keys.to_string(),
         ])
-        .args(["--kafka-brokers", &brokers(), "--kafka-output", topic])
+        .args(["--kafka-brokers", &kafka_brokers(), "--kafka-output", topic])
         .args(["--kafka-guarantee", guarantee])
         .arg("--checkpoint-dir")
         .arg(ck)
@@ -545,7 +537,7 @@ fn an_unreachable_broker_fails_with_one_line() {
 fn kafka_to_kafka(input: &str, output: &str, ck: &Path, p: u32) -> Command {
     let mut cmd = cairn();
     cmd.args(["run", "wordcount", "-p", &p.to_string()])
-        .args(["--kafka-brokers", &brokers()])
+        .args(["--kafka-brokers", &kafka_brokers()])
         .args(["--kafka-input", input, "--kafka-bounded"])
         .args([
             "--kafka-output",
@@ -573,7 +565,7 @@ fn kafka_to_kafka_sigkilled_at_every_failpoint_and_rescaled_equals_an_undisturbe
     let (lines, per_line, keys) = (50_000u64, 40u64, 5_000u64);
     let mut w = broker();
     let input = new_topic(&mut w, "e2e-lines", PARTITIONS);
-    fill_topic(&brokers(), &input, PARTITIONS, lines, per_line, keys);
+    fill_topic(&kafka_brokers(), &input, PARTITIONS, lines, per_line, keys);
     let expected = generated_counts(lines * per_line, keys);
     let tmp = tempfile::tempdir().unwrap();
 

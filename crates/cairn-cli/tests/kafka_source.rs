@@ -14,7 +14,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cairn::connectors::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use cairn::connectors::kafka::rdkafka::mocking::MockCluster;
 use cairn::connectors::kafka::rdkafka::producer::{
     BaseProducer, BaseRecord, DefaultProducerContext, Producer,
@@ -35,42 +34,12 @@ type Mock = MockCluster<'static, DefaultProducerContext>;
 fn filled_cluster() -> (Mock, HashMap<String, u64>) {
     let mock = MockCluster::new(1).expect("librdkafka's mock cluster starts");
     mock.create_topic(TOPIC, PARTITIONS, 1).expect("topic");
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", mock.bootstrap_servers())
-        .set("linger.ms", "20")
-        .set("batch.num.messages", "10000")
-        .create()
-        .expect("producer");
-    let mut expected = HashMap::new();
-    let mut line = String::new();
-    for i in 0..LINES {
-        line.clear();
-        for j in 0..WORDS_PER_LINE {
-            let w = format!("w{}", (i * WORDS_PER_LINE + j).wrapping_mul(7919) % KEYS);
-            *expected.entry(w.clone()).or_insert(0u64) += 1;
-            if j > 0 {
-                line.push(' ');
-            }
-            line.push_str(&w);
-        }
-        let mut rec = BaseRecord::<(), str>::to(TOPIC)
-            .partition((i % PARTITIONS as u64) as i32)
-            .payload(line.as_str());
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-                Err((e, _)) => panic!("cannot fill the topic: {e}"),
-            }
-        }
-    }
-    producer
-        .flush(Duration::from_secs(60))
+    let records = word_lines(LINES, WORDS_PER_LINE, KEYS)
+        .enumerate()
+        .map(|(i, line)| ((i as u64 % PARTITIONS as u64) as i32, line));
+    cairn::connectors::kafka::produce(&mock.bootstrap_servers(), TOPIC, records)
         .expect("the topic is filled");
-    (mock, expected)
+    (mock, generated_counts(LINES * WORDS_PER_LINE, KEYS))
 }
 
 fn wordcount(brokers: &str, out_dir: &Path, ck: &Path) -> Command {
@@ -267,8 +236,7 @@ fn an_unreachable_broker_a_missing_topic_and_bad_flags_are_one_clear_line() {
 #[test]
 fn a_timestamp_start_reads_from_the_first_record_at_or_after_it_on_a_real_broker() {
     use cairn::connectors::kafka::wire::WireClient;
-    let brokers =
-        std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into());
+    let brokers = kafka_brokers();
     let mut w = WireClient::new(&brokers, Duration::from_secs(20));
     let now_ms = || {
         std::time::SystemTime::now()
@@ -276,7 +244,7 @@ fn a_timestamp_start_reads_from_the_first_record_at_or_after_it_on_a_real_broker
             .unwrap()
             .as_millis() as i64
     };
-    let topic = format!("ts-start-{}-{}", std::process::id(), now_ms());
+    let topic = unique_topic("ts-start");
     w.create_topic(&topic, 3).unwrap_or_else(|e| {
         panic!("no Kafka broker at {brokers} ({e}): start it with scripts/service-kafka")
     });

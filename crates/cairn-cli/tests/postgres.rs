@@ -263,10 +263,6 @@ impl Input<'_> {
     }
 }
 
-fn kafka_brokers() -> String {
-    std::env::var("CAIRN_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:59092".into())
-}
-
 /// Lines of the Kafka input topic: with 40 words each, 2M words, enough that every killed run
 /// stops at its failpoint long before the (unpaced) source reaches the end.
 const KAFKA_LINES: u64 = 50_000;
@@ -279,11 +275,7 @@ fn kafka_lines() -> &'static str {
     TOPIC.get_or_init(|| {
         let brokers = kafka_brokers();
         let mut w = WireClient::new(&brokers, Duration::from_secs(20));
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let topic = format!("pg-e2e-lines-{}-{nanos}", std::process::id());
+        let topic = unique_topic("pg-e2e-lines");
         w.create_topic(&topic, 3).unwrap_or_else(|e| {
             panic!("no Kafka broker at {brokers} ({e}): start it with scripts/service-kafka")
         });

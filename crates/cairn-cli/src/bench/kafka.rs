@@ -10,9 +10,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use cairn::connectors::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use cairn::connectors::kafka::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use cairn::connectors::kafka::rdkafka::ClientConfig;
 use cairn::connectors::kafka::wire::{Marker, WireClient};
 
 use super::{run_child, stat};
@@ -166,49 +163,17 @@ fn check_committed(wire: &mut WireClient, topic: &str, records: u64) -> Result<(
 /// Fills `topic` with `records` words in lines of [`WORDS_PER_LINE`], word i being
 /// `w` + ((i * 7919) mod `keys`) as `--generate` makes them, round-robin over the partitions.
 fn fill(brokers: &str, topic: &str, records: u64, keys: u64) -> Result<()> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("linger.ms", "20")
-        .set("batch.num.messages", "10000")
-        .create()
-        .context("a Kafka producer")?;
-    let mut line = String::new();
-    for l in 0..records / WORDS_PER_LINE {
-        line.clear();
-        for j in 0..WORDS_PER_LINE {
-            if j > 0 {
-                line.push(' ');
-            }
-            let n = (l * WORDS_PER_LINE + j).wrapping_mul(7919) % keys;
-            line.push('w');
-            line.push_str(&n.to_string());
-        }
-        let mut rec = BaseRecord::<(), str>::to(topic)
-            .partition((l % PARTITIONS as u64) as i32)
-            .payload(line.as_str());
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-                Err((e, _)) => return Err(anyhow!("cannot fill topic {topic}: {e}")),
-            }
-        }
-    }
-    producer
-        .flush(Duration::from_secs(300))
-        .map_err(|e| anyhow!("cannot fill topic {topic}: {e}"))?;
+    let lines = (0..records / WORDS_PER_LINE).map(|l| {
+        let words: Vec<String> = (0..WORDS_PER_LINE)
+            .map(|j| format!("w{}", (l * WORDS_PER_LINE + j).wrapping_mul(7919) % keys))
+            .collect();
+        ((l % PARTITIONS as u64) as i32, words.join(" "))
+    });
+    cairn::connectors::kafka::produce(brokers, topic, lines).map_err(|e| anyhow!(e))?;
     // Every partition ends with an empty line in a batch of its own: Tansu's end offset is one
     // past the first offset of a partition's last batch, which a bounded read stops at.
     for p in 0..PARTITIONS {
-        producer
-            .send(BaseRecord::<(), str>::to(topic).partition(p).payload(""))
-            .map_err(|(e, _)| anyhow!("cannot fill topic {topic}: {e}"))?;
-        producer
-            .flush(Duration::from_secs(30))
-            .map_err(|e| anyhow!("cannot fill topic {topic}: {e}"))?;
+        cairn::connectors::kafka::produce(brokers, topic, [(p, "")]).map_err(|e| anyhow!(e))?;
     }
     Ok(())
 }

@@ -4,14 +4,9 @@
 //! runs embedded with `--kafka-input … --kafka-bounded --discard` at each parallelism, no
 //! checkpoints, and its source records per second of job time are reported.
 
-use std::time::Duration;
-
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use cairn::config::JobConfig;
-use cairn::connectors::kafka::rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use cairn::connectors::kafka::rdkafka::mocking::MockCluster;
-use cairn::connectors::kafka::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use cairn::connectors::kafka::rdkafka::ClientConfig;
 use cairn::connectors::kafka::KafkaSourceConfig;
 use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::runtime::{run_job, RunOptions};
@@ -79,31 +74,11 @@ pub fn measure(records: u64, keys: u64, parallelisms: &[u32]) -> Result<Vec<Kafk
 
 /// Produces the records, round robin over the partitions.
 fn fill(brokers: &str, records: u64, keys: u64) -> Result<()> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("linger.ms", "20")
-        .set("batch.num.messages", "10000")
-        .create()
-        .context("cannot create a producer")?;
-    for i in 0..records {
+    let words = (0..records).map(|i| {
         let word = format!("w{}", i.wrapping_mul(7919) % keys.max(1));
-        let mut rec = BaseRecord::<(), str>::to(TOPIC)
-            .partition((i % PARTITIONS as u64) as i32)
-            .payload(word.as_str());
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    producer.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-                Err((e, _)) => bail!("cannot fill the topic: {e}"),
-            }
-        }
-    }
-    producer
-        .flush(Duration::from_secs(120))
-        .map_err(|e| anyhow!("cannot fill the topic: {e}"))
+        ((i % PARTITIONS as u64) as i32, word)
+    });
+    cairn::connectors::kafka::produce(brokers, TOPIC, words).map_err(|e| anyhow!(e))
 }
 
 pub(super) fn run(args: &BenchArgs) -> Result<()> {
