@@ -13,7 +13,7 @@ use std::str::FromStr;
 use cairn::checkpoint::{CheckpointMetadata, TaskCheckpointStats};
 use cairn::config::{keys, parse_bool, parse_duration, CheckpointingMode};
 use cairn::metrics::SubtaskSnapshot;
-use cairn::runtime::{JobState, JobStatusView};
+use cairn::runtime::{JobState, JobStatusView, SavepointState};
 use serde_json::{json, Map, Value};
 
 use crate::resources::Resources;
@@ -149,6 +149,7 @@ pub(crate) fn job_overview(view: &JobStatusView, now_ms: u64) -> Result<Value, s
         "schedulerType": "Default",
         "pending-operators": 0,
         "restarts": view.restarts,
+        "restart-causes": view.restart_causes.iter().cloned().collect::<BTreeMap<_, _>>(),
         "failure-cause": view.failure_cause,
     }))
 }
@@ -430,8 +431,55 @@ pub(crate) fn job_details(
         "stream-graph": {},
         "pending-operators": 0,
         "restarts": view.restarts,
+        "restart-causes": view.restart_causes.iter().cloned().collect::<BTreeMap<_, _>>(),
         "failure-cause": view.failure_cause,
     }))
+}
+
+/// `GET /jobs/{jid}/config`: Flink's `JobConfigInfo`, the job's effective configuration as
+/// its `user-config`.
+pub(crate) fn job_config(view: &JobStatusView) -> Value {
+    let config: BTreeMap<&str, &str> = view
+        .config
+        .iter()
+        .filter(|(_, v)| v.as_str() != UNSET)
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    json!({
+        "jid": view.jid,
+        "name": view.name,
+        "execution-config": {
+            "execution-mode": "PIPELINED",
+            "restart-strategy": config.get(keys::RESTART_STRATEGY).copied().unwrap_or("default"),
+            "job-parallelism": view.vertices.iter().map(|v| v.parallelism).max().unwrap_or(1),
+            "object-reuse-mode": false,
+            "user-config": config,
+        },
+    })
+}
+
+/// The savepoints requested of the job while it ran here, newest first (cairn's own
+/// `savepoints` beside Flink's checkpoint statistics).
+fn savepoints(view: &JobStatusView) -> Vec<Value> {
+    view.savepoints
+        .iter()
+        .rev()
+        .map(|sp| {
+            let (status, location, cause) = match &sp.state {
+                SavepointState::InProgress => ("IN_PROGRESS", None, None),
+                SavepointState::Completed { location } => ("COMPLETED", Some(location), None),
+                SavepointState::Failed { cause } => ("FAILED", None, Some(cause)),
+            };
+            json!({
+                "request-id": sp.request_id,
+                "kind": if sp.stop { "stop" } else { "savepoint" },
+                "status": status,
+                "trigger_timestamp": sp.requested_ms,
+                "location": location,
+                "cause": cause,
+            })
+        })
+        .collect()
 }
 
 /// `GET /jobs/{jid}/checkpoints`: Flink's `CheckpointingStatistics` (counts, a summary of the
@@ -469,6 +517,7 @@ pub(crate) fn checkpoints(view: &JobStatusView) -> Result<Value, serde_json::Err
         "summary": summary,
         "latest": { "completed": latest, "savepoint": null, "failed": null, "restored": null },
         "history": history,
+        "savepoints": savepoints(view),
     }))
 }
 

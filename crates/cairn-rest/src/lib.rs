@@ -23,15 +23,20 @@
 //! | `GET /jobs/{jid}/plan` | the vertices and their inputs (`JobPlanInfo`) |
 //! | `GET /jobs/{jid}/checkpoints/config` | `{"mode","interval","timeout","min_pause",..}` (durations in ms) |
 //! | `PATCH /jobs/{jid}?mode=cancel` | 202 `{}`; 409 if the job already ended; 400 for another mode |
+//! | `GET /jobs/{jid}/config` | the job's configuration as `execution-config.user-config` (`JobConfigInfo`) |
 //! | `GET /metrics` | Prometheus (OpenMetrics) text: this process's subtasks and the jobs' status ([`cairn::metrics`]) |
 //!
+//! `GET /` serves the web dashboard, built into the binary (see `dashboard`).
+//!
 //! Every error is `{"errors":[message]}` with a 4xx/5xx status, as in Flink. With a token, every
-//! request must carry `Authorization: Bearer <token>` (401 otherwise).
+//! request but the dashboard's files must carry `Authorization: Bearer <token>` (401
+//! otherwise).
 //!
 //! Submissions are handed to the [`JobSubmitter`] set with [`JobRegistry::set_submitter`] (the
 //! coordinator's); request bodies are limited to 1 MiB (413 past that).
 
 mod body;
+mod dashboard;
 mod prometheus;
 mod registry;
 mod resources;

@@ -197,6 +197,7 @@ fn router(registry: JobRegistry, token: Option<String>) -> Router {
         )
         .route("/jobs/{jid}/exceptions", get(job_exceptions))
         .route("/jobs/{jid}/plan", get(job_plan))
+        .route("/jobs/{jid}/config", get(job_config))
         .route("/jobs/{jid}/checkpoints/config", get(checkpoint_config))
         .route("/jobs/{jid}/savepoints", post(trigger_savepoint))
         .route("/jobs/{jid}/savepoints/{rid}", get(savepoint_status))
@@ -211,13 +212,15 @@ fn router(registry: JobRegistry, token: Option<String>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(SUBMIT_BODY_MAX))
         .with_state(registry);
-    match token {
+    let router = match token {
         Some(token) => router.layer(middleware::from_fn_with_state(
             Arc::<str>::from(token),
             require_token,
         )),
         None => router,
-    }
+    };
+    // After the token layer: a browser loads the page without one, then asks for it.
+    crate::dashboard::router().merge(router)
 }
 
 /// `GET /metrics`: this process's subtasks and the registry's jobs, in Prometheus
@@ -464,6 +467,15 @@ async fn job_plan(
     let Path(jid) = jid?;
     let view = lookup(&registry, &jid)?.view();
     Ok(Json(body::job_plan(&view)))
+}
+
+async fn job_config(
+    State(registry): State<JobRegistry>,
+    jid: Result<Path<String>, PathRejection>,
+) -> ApiResult {
+    let Path(jid) = jid?;
+    let view = lookup(&registry, &jid)?.view();
+    Ok(Json(body::job_config(&view)))
 }
 
 async fn checkpoints(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cairn::checkpoint::{CheckpointMetadata, TaskCheckpointStats};
 use cairn::config::{keys, JobConfig};
-use cairn::runtime::{JobState, JobStatus, VertexView};
+use cairn::runtime::{JobState, JobStatus, SavepointKind, SavepointState, VertexView};
 use cairn_rest::{serve, ClusterResources, JobRegistry, Resources, RestError, RestServer};
 use serde_json::{json, Value};
 
@@ -387,6 +387,7 @@ fn checkpoints_of_a_job_without_any() {
             },
             "latest": {"completed": null, "savepoint": null, "failed": null, "restored": null},
             "history": [],
+            "savepoints": [],
         })
     );
 }
@@ -652,6 +653,9 @@ fn token_is_required_on_every_path_and_checked() {
         (Some("s3cret-token"), "/jobs"),
         (None, "/no/such/path"),
         (None, "/jobs/nope"),
+        (None, "/v1/jobs"),
+        (None, "/metrics"),
+        (None, "/jobs/0123456789abcdef0123456789abcdef/config"),
     ] {
         let r = request(addr, "GET", path, auth);
         r.assert_error(401, "missing or wrong bearer token");
@@ -683,6 +687,43 @@ fn token_is_required_on_every_path_and_checked() {
     );
     assert_eq!(r.status, 202, "{r:?}");
     assert!(running.cancel_requested());
+}
+
+#[test]
+fn the_job_config_and_the_savepoints_requested_are_served() {
+    let (reg, running, _) = registry();
+    let srv = server(reg, None);
+    let addr = srv.local_addr();
+    let r = get(addr, &format!("/jobs/{RUNNING}/config"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["jid"], RUNNING);
+    let user = &r.body["execution-config"]["user-config"];
+    assert_eq!(user["execution.checkpointing.interval"], "100ms", "{user}");
+    assert_eq!(user["state.checkpoints.dir"], "/tmp/cairn-ckpt", "{user}");
+    // Keys not set are left out, not shown as "(not set)".
+    assert!(user.get("state.savepoints.dir").is_none(), "{user}");
+    get(addr, "/jobs/nope/config").assert_error(404, "job nope not found");
+
+    let r = get(addr, &format!("/jobs/{RUNNING}/checkpoints"));
+    assert_eq!(r.body["savepoints"], json!([]));
+    let first = running.request_savepoint("/tmp/sp".into(), SavepointKind::Intermediate, true);
+    let stop = running.request_savepoint("/tmp/sp".into(), SavepointKind::Stop, true);
+    running.update(|v| {
+        v.savepoints[0].state = SavepointState::Completed {
+            location: "/tmp/sp/savepoint-1".into(),
+        }
+    });
+    let r = get(addr, &format!("/jobs/{RUNNING}/checkpoints"));
+    let sps = r.body["savepoints"].as_array().expect("savepoints");
+    assert_eq!(sps.len(), 2, "{sps:?}");
+    assert_eq!(sps[0]["request-id"], stop.as_str());
+    assert_eq!(sps[0]["kind"], "stop");
+    assert_eq!(sps[0]["status"], "IN_PROGRESS");
+    assert_eq!(sps[1]["request-id"], first.as_str());
+    assert_eq!(sps[1]["kind"], "savepoint");
+    assert_eq!(sps[1]["status"], "COMPLETED");
+    assert_eq!(sps[1]["location"], "/tmp/sp/savepoint-1");
+    assert!(sps[1]["trigger_timestamp"].as_u64() > Some(1_700_000_000_000));
 }
 
 #[test]

@@ -71,6 +71,9 @@ pub struct SavepointStatus {
     pub request_id: String,
     /// Stop-with-savepoint.
     pub stop: bool,
+    /// When it was requested, in ms since the epoch.
+    #[serde(default)]
+    pub requested_ms: u64,
     /// Where it stands.
     pub state: SavepointState,
     /// Someone outside the job master (a REST client) waits for the outcome.
@@ -296,6 +299,7 @@ impl JobStatus {
             v.savepoints.push(SavepointStatus {
                 request_id: request_id.clone(),
                 stop: kind.stops(),
+                requested_ms: crate::checkpoint::now_ms(),
                 state: SavepointState::InProgress,
                 watched,
                 reported: false,
