@@ -3,12 +3,14 @@
 // back-pressured: the job is listed, its graph shows `--slow-vertex` as back-pressured and
 // `--calm-vertex` not, the checkpoint charts have points, a savepoint and then a
 // stop-with-savepoint are taken from the page's buttons, and the job ends FINISHED. Saves a
-// screenshot of each page in `--out`. Prints one JSON line with what it saw; exits non-zero
+// screenshot of each page in `--out`. With `--failed-job NAME`, then waits for that job's
+// failure in its exceptions tab; with `--cancel-job NAME`, cancels that running job from the
+// page and sees it CANCELED. Prints one JSON line with what it saw; exits non-zero
 // (with the step that failed) otherwise.
 //
 //   node e2e/dashboard.mjs --url http://127.0.0.1:8081 --out shots --job backpressure \
 //     --slow-vertex 'fast-source -> fast-key' --calm-vertex 'count-both -> throttled-sink' \
-//     [--token SECRET] [--timeout-ms 60000 (each step)] [--deadline-ms 300000 (in all)]
+//     [--failed-job NAME] [--cancel-job NAME] [--token SECRET] [--timeout-ms 60000 (each step)] [--deadline-ms 300000 (in all)]
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -22,6 +24,8 @@ const { values: args } = parseArgs({
     'slow-vertex': { type: 'string' },
     'calm-vertex': { type: 'string' },
     token: { type: 'string' },
+    'failed-job': { type: 'string' },
+    'cancel-job': { type: 'string' },
     'timeout-ms': { type: 'string', default: '60000' },
     'deadline-ms': { type: 'string', default: '300000' },
     chromium: { type: 'string', default: process.env.CAIRN_CHROMIUM || '/usr/bin/chromium' },
@@ -145,6 +149,32 @@ try {
   await page.click('header.top a.brand');
   await page.waitForSelector(`${row} [data-state=FINISHED]`);
   seen.screenshots.push(await shot(page, '7-finished'));
+
+  if (args['failed-job']) {
+    const failed = `tr.job-row[data-name="${args['failed-job']}"]`;
+    step = `opening the job ${args['failed-job']}`;
+    await page.click('header.top a.brand');
+    await page.click(`${failed} a`);
+    step = `waiting for the failure of ${args['failed-job']} in its exceptions`;
+    await page.click('.tabs a[data-tab=exceptions]');
+    await page.waitForSelector('table.exceptions tbody tr');
+    seen.exceptionKinds = await page.$$eval('table.exceptions tbody tr td:nth-child(2)', (tds) =>
+      tds.map((td) => td.textContent.trim()),
+    );
+    seen.screenshots.push(await shot(page, '8-exceptions'));
+  }
+
+  if (args['cancel-job']) {
+    const running = `tr.job-row[data-name="${args['cancel-job']}"]`;
+    step = `finding the RUNNING job ${args['cancel-job']}`;
+    await page.click('header.top a.brand');
+    await page.waitForSelector(`${running} [data-state=RUNNING]`);
+    await page.click(`${running} a`);
+    step = `cancelling ${args['cancel-job']} from the page`;
+    await page.click('button[name=cancel]');
+    await page.waitForSelector('.job-head [data-state=CANCELED]');
+    seen.screenshots.push(await shot(page, '9-canceled'));
+  }
 
   if (seen.consoleErrors.length > 0) {
     step = 'checking the browser console';

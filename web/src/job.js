@@ -324,7 +324,10 @@ export function JobPage({ jid, tab }) {
         </span>
       </div>
       <${ErrorLine} error=${job.error} />
-      ${j['failure-cause'] && html`<p class="error">Failed: ${j['failure-cause']}</p>`}
+      ${j['failure-cause'] &&
+      html`<p class=${j.state === 'FAILED' ? 'error' : 'muted'}>
+        ${j.state === 'FAILED' ? 'Failed' : 'Last failure (restarted)'}: ${j['failure-cause']}
+      </p>`}
       <${Actions} jid=${jid} state=${j.state} onChange=${reload} />
       <nav class="tabs">
         ${TABS.map(

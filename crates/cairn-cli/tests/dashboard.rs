@@ -3,7 +3,8 @@
 //! token running the back-pressured `backpressure` job. The script sees the job listed, the
 //! fast source back-pressured in the graph and the throttled vertex not, points in the
 //! checkpoint charts, takes a savepoint and then stops the job with a savepoint from the
-//! page's buttons, and sees it FINISHED. Screenshots of each page go to
+//! page's buttons, and sees it FINISHED; then it sees a second job's injected failure in its
+//! exceptions and cancels a third job from the page. Screenshots of each page go to
 //! `target/dashboard-screenshots/`. Needs `npm ci` in `web/` and `/usr/bin/chromium`, which
 //! `scripts/test` installs; without them this test fails (it never skips).
 
@@ -149,6 +150,46 @@ fn the_dashboard_in_chromium_shows_backpressure_and_checkpoints_and_stops_the_jo
         .unwrap_or_default()
         .trim()
         .to_string();
+    // A job that fails once, restarts and finishes; and one the page cancels.
+    let submit = |job: &[&str]| {
+        let out = run_ok(
+            cairn()
+                .args([
+                    "submit",
+                    "--rest",
+                    &format!("http://{rest}"),
+                    "--rest-token",
+                    TOKEN,
+                ])
+                .args(job),
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout.lines().last().unwrap_or_default().trim().to_string()
+    };
+    let failing = submit(&[
+        "wordcount",
+        "-p",
+        "2",
+        "--discard",
+        "--generate",
+        "3000000",
+        "--keys",
+        "1000",
+        "--checkpoint-interval",
+        "100ms",
+        "--inject-failures",
+        "1",
+    ]);
+    let cancelled = submit(&[
+        "pipelines",
+        "-p",
+        "1",
+        "--discard",
+        "--generate",
+        "1000000000",
+        "--rate",
+        "50000",
+    ]);
 
     let shots = screenshot_dir();
     let _ = std::fs::remove_dir_all(&shots);
@@ -159,6 +200,7 @@ fn the_dashboard_in_chromium_shows_backpressure_and_checkpoints_and_stops_the_jo
         .args(["--token", TOKEN, "--job", "backpressure"])
         .args(["--slow-vertex", "fast-source -> fast-key"])
         .args(["--calm-vertex", "count-both -> throttled-sink"])
+        .args(["--failed-job", "wordcount", "--cancel-job", "pipelines"])
         .arg("--out")
         .arg(&shots)
         .output()
@@ -201,6 +243,14 @@ fn the_dashboard_in_chromium_shows_backpressure_and_checkpoints_and_stops_the_jo
     let (_, _, job) = get(rest, &format!("/jobs/{jid}"), Some(TOKEN));
     let job: serde_json::Value = serde_json::from_str(&job).unwrap();
     assert_eq!(job["state"], "FINISHED", "{job}");
+    // The other jobs: the injected failure was on the page, and the page's cancel ended one.
+    assert_eq!(seen["exceptionKinds"][0], "injected", "{seen}");
+    let (_, _, job) = get(rest, &format!("/jobs/{failing}"), Some(TOKEN));
+    let job: serde_json::Value = serde_json::from_str(&job).unwrap();
+    assert_eq!(job["restart-causes"]["injected"], 1, "{job}");
+    let (_, _, job) = get(rest, &format!("/jobs/{cancelled}"), Some(TOKEN));
+    let job: serde_json::Value = serde_json::from_str(&job).unwrap();
+    assert_eq!(job["state"], "CANCELED", "{job}");
     for name in [
         "0-token",
         "1-jobs",
@@ -210,6 +260,8 @@ fn the_dashboard_in_chromium_shows_backpressure_and_checkpoints_and_stops_the_jo
         "5-savepoint",
         "6-stopped",
         "7-finished",
+        "8-exceptions",
+        "9-canceled",
     ] {
         let shot = shots.join(format!("{name}.png"));
         let len = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);

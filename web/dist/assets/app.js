@@ -260,7 +260,9 @@ var e,t,n,r,i,a,o,s,c,l,u,d,f,p,m={},h=[],g=/acit|ex(?:s|g|n|p|$)|rph|grid|ows|m
         </span>
       </div>
       <${Y} error=${n.error} />
-      ${i[`failure-cause`]&&F`<p class="error">Failed: ${i[`failure-cause`]}</p>`}
+      ${i[`failure-cause`]&&F`<p class=${i.state===`FAILED`?`error`:`muted`}>
+        ${i.state===`FAILED`?`Failed`:`Last failure (restarted)`}: ${i[`failure-cause`]}
+      </p>`}
       <${Ze} jid=${e} state=${i.state} onChange=${r} />
       <nav class="tabs">
         ${Ye.map(([t,n])=>F`<a key=${t} href="#/jobs/${e}/${t}" data-tab=${t}

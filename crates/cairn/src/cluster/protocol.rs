@@ -83,6 +83,15 @@ pub enum WireTaskError {
     Failed(String),
     /// It failed in a way no restart can fix.
     Unrecoverable(String),
+    /// A failure injected by `--inject-failures` (so the coordinator counts it as one).
+    Injected {
+        /// Which of the planned failures.
+        index: usize,
+        /// The record it fired at.
+        record: u64,
+        /// The operator it fired in.
+        uid: String,
+    },
 }
 
 impl From<&TaskError> for WireTaskError {
@@ -90,7 +99,12 @@ impl From<&TaskError> for WireTaskError {
         match e {
             TaskError::Cancelled => WireTaskError::Cancelled,
             TaskError::Unrecoverable(m) => WireTaskError::Unrecoverable(m.clone()),
-            other => WireTaskError::Failed(other.to_string()),
+            TaskError::Injected { index, record, uid } => WireTaskError::Injected {
+                index: *index,
+                record: *record,
+                uid: uid.clone(),
+            },
+            TaskError::Failed(m) => WireTaskError::Failed(m.clone()),
         }
     }
 }
@@ -101,6 +115,9 @@ impl From<WireTaskError> for TaskError {
             WireTaskError::Cancelled => TaskError::Cancelled,
             WireTaskError::Failed(m) => TaskError::Failed(m),
             WireTaskError::Unrecoverable(m) => TaskError::Unrecoverable(m),
+            WireTaskError::Injected { index, record, uid } => {
+                TaskError::Injected { index, record, uid }
+            }
         }
     }
 }
@@ -221,4 +238,33 @@ pub fn secrets_match(a: &str, b: &str) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The coordinator counts restarts by cause: an injected failure must stay one over the wire.
+    #[test]
+    fn task_errors_keep_their_kind_over_the_wire() {
+        let injected = TaskError::Injected {
+            index: 1,
+            record: 42,
+            uid: "count".into(),
+        };
+        let back = TaskError::from(WireTaskError::from(&injected));
+        assert!(
+            matches!(&back, TaskError::Injected { index: 1, record: 42, uid } if uid == "count"),
+            "{back:?}"
+        );
+        assert_eq!(back.to_string(), injected.to_string());
+        let failed = TaskError::from(WireTaskError::from(&TaskError::msg("disk full")));
+        assert!(matches!(&failed, TaskError::Failed(m) if m == "disk full"));
+        let fatal = TaskError::from(WireTaskError::from(&TaskError::Unrecoverable("x".into())));
+        assert!(matches!(fatal, TaskError::Unrecoverable(_)));
+        assert!(matches!(
+            TaskError::from(WireTaskError::from(&TaskError::Cancelled)),
+            TaskError::Cancelled
+        ));
+    }
 }
