@@ -64,7 +64,9 @@ function Header() {
       <nav><a href="#/">Jobs</a></nav>
       ${o &&
       html`<span class="cluster">
-        ${`workers ${o.taskmanagers} · slots ${o['slots-available']}/${o['slots-total']} free`}
+        ${o['slots-total'] > 0
+          ? `workers ${o.taskmanagers} · slots ${o['slots-available']}/${o['slots-total']} free`
+          : 'embedded run'}
         ${` · jobs running ${o['jobs-running']}`}
       </span>`}
     </header>

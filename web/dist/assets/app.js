@@ -293,7 +293,7 @@ var e,t,n,r,i,a,o,s,c,l,u,d,f,p,m={},h=[],g=/acit|ex(?:s|g|n|p|$)|rph|grid|ows|m
       <a class="brand" href="#/">cairn</a>
       <nav><a href="#/">Jobs</a></nav>
       ${t&&F`<span class="cluster">
-        ${`workers ${t.taskmanagers} · slots ${t[`slots-available`]}/${t[`slots-total`]} free`}
+        ${t[`slots-total`]>0?`workers ${t.taskmanagers} · slots ${t[`slots-available`]}/${t[`slots-total`]} free`:`embedded run`}
         ${` · jobs running ${t[`jobs-running`]}`}
       </span>`}
     </header>
