@@ -390,11 +390,11 @@ fn failures_show_in_the_exception_history_and_the_restart_counts_by_cause() {
         (n >= 2.0).then(|| s.to_vec())
     });
     let by_cause = find(&samples, "cairn_job_restarts_by_cause_total");
-    assert_eq!(by_cause.len(), 1, "{by_cause:?}");
-    assert_eq!(by_cause[0].labels["cause"], "injected");
-    assert_eq!(by_cause[0].value, 2.0);
     let jid = by_cause[0].labels["job_id"].clone();
     let ex = get_json(addr, &format!("/jobs/{jid}/exceptions"));
+    assert_eq!(by_cause.len(), 1, "{by_cause:?}\n{ex}");
+    assert_eq!(by_cause[0].labels["cause"], "injected");
+    assert_eq!(by_cause[0].value, 2.0);
     let entries = ex["exceptionHistory"]["entries"]
         .as_array()
         .expect("entries");

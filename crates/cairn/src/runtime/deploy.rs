@@ -438,6 +438,7 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
         let h = std::thread::Builder::new()
             .name(format!("task-{vi}-{i}"))
             .spawn(move || {
+                let mut rt = rt;
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.run()))
                     .unwrap_or_else(|p| {
                         let msg = p
@@ -453,6 +454,10 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                     task,
                     result,
                 });
+                // Only now drop the task's channels: a peer that sees them close (and exits
+                // "cancelled") must not be heard before this task's own cause, or a failure
+                // would be counted under the wrong cause.
+                drop(rt);
             })
             .map_err(|e| TaskError::msg(format!("cannot start a task thread: {e}")))?;
         handles.push(h);

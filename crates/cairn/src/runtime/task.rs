@@ -199,7 +199,7 @@ pub struct TaskRuntime {
 
 impl TaskRuntime {
     /// Runs the subtask to its end.
-    pub fn run(mut self) -> TaskResult {
+    pub fn run(&mut self) -> TaskResult {
         let _metrics = crate::metrics::enter(self.io.clone());
         if self.gate.is_some() {
             self.run_operator()
