@@ -943,7 +943,7 @@ mod tests {
                 (1, vec![enc(vec![4])]),
             ],
         };
-        let (rt, mail_tx, _prio_tx) = operator_task(chain, 2, restored);
+        let (mut rt, mail_tx, _prio_tx) = operator_task(chain, 2, restored);
         // New input is already waiting when the task starts.
         mail_tx
             .send(Mail::Data {
@@ -1009,7 +1009,7 @@ mod tests {
             channels_total: 1,
             channels: vec![],
         };
-        let (rt, mail_tx, _prio_tx) = operator_task(chain, 1, empty);
+        let (mut rt, mail_tx, _prio_tx) = operator_task(chain, 1, empty);
         send_barrier_then_end(&mail_tx, 7);
         mail_tx.send(Mail::CheckpointComplete(7)).unwrap();
         rt.run().unwrap();
@@ -1022,7 +1022,7 @@ mod tests {
             channels_total: 1,
             channels: vec![],
         };
-        let (rt, mail_tx, _prio_tx) = operator_task(Box::new(NullChain), 1, empty);
+        let (mut rt, mail_tx, _prio_tx) = operator_task(Box::new(NullChain), 1, empty);
         send_barrier_then_end(&mail_tx, 7);
         mail_tx.send(Mail::CheckpointAborted(7)).unwrap();
         let err = rt.run().unwrap_err().to_string();
@@ -1038,7 +1038,7 @@ mod tests {
             channels_total: 3,
             channels: vec![],
         };
-        let (rt, _mail_tx, _prio_tx) = operator_task(Box::new(NullChain), 1, restored);
+        let (mut rt, _mail_tx, _prio_tx) = operator_task(Box::new(NullChain), 1, restored);
         let err = rt.run().unwrap_err().to_string();
         assert!(err.contains("changed parallelism"), "{err}");
     }
