@@ -34,7 +34,6 @@ export function usePoll(load, deps) {
       alive = false;
       clearTimeout(timer);
     };
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [...deps, nudge]);
   return [state, () => setNudge((n) => n + 1)];
 }

@@ -15,6 +15,19 @@ pub fn cairn() -> Command {
     Command::new(env!("CARGO_BIN_EXE_cairn"))
 }
 
+/// Submits built-in `job` with its flags to the coordinator's REST API at `rest` (with the
+/// bearer `token`, if any); returns the new job's id, the last line `cairn submit` prints.
+pub fn submit(rest: SocketAddr, token: Option<&str>, job: &[&str]) -> String {
+    let mut cmd = cairn();
+    cmd.args(["submit", "--rest", &format!("http://{rest}")]);
+    if let Some(token) = token {
+        cmd.args(["--rest-token", token]);
+    }
+    let out = run_ok(cmd.args(job));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().last().unwrap_or_default().trim().to_string()
+}
+
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("cairn starts");
     assert!(
@@ -331,6 +344,16 @@ impl Cluster {
     /// Starts a coordinator keeping checkpoints under `checkpoint_dir` and `workers` workers;
     /// panics if the coordinator does not listen before `deadline`.
     pub fn start(checkpoint_dir: &Path, workers: usize, deadline: Instant) -> Cluster {
+        Cluster::start_with(checkpoint_dir, workers, &[], deadline)
+    }
+
+    /// [`Cluster::start`] with more flags for the coordinator (e.g. `--rest-token T`).
+    pub fn start_with(
+        checkpoint_dir: &Path,
+        workers: usize,
+        coordinator_flags: &[&str],
+        deadline: Instant,
+    ) -> Cluster {
         let mut coordinator = Watched::spawn(
             cairn()
                 .args([
@@ -339,8 +362,9 @@ impl Cluster {
                     "127.0.0.1:0",
                     "--rest",
                     "127.0.0.1:0",
-                    "--checkpoint-dir",
                 ])
+                .args(coordinator_flags)
+                .arg("--checkpoint-dir")
                 .arg(checkpoint_dir),
         );
         let line = coordinator.wait_for_line("coordinator listening for workers on ", deadline);

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{cairn, run_ok, Watched};
+use common::{cairn, submit, Cluster, Watched};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const TOKEN: &str = "dashboard-test-token";
@@ -101,95 +101,67 @@ fn the_dashboard_in_chromium_shows_backpressure_and_checkpoints_and_stops_the_jo
     );
     let tmp = tempfile::tempdir().unwrap();
     let savepoints = tmp.path().join("savepoints");
-    let deadline = Instant::now() + DEADLINE;
-    let mut coordinator = Watched::spawn(
-        cairn()
-            .args([
-                "coordinator",
-                "--bind",
-                "127.0.0.1:0",
-                "--rest",
-                "127.0.0.1:0",
-            ])
-            .args(["--rest-token", TOKEN])
-            .arg("--checkpoint-dir")
-            .arg(tmp.path().join("ck")),
+    let mut cluster = Cluster::start_with(
+        &tmp.path().join("ck"),
+        3,
+        &["--rest-token", TOKEN],
+        Instant::now() + DEADLINE,
     );
-    let line = coordinator.wait_for_line("coordinator listening for workers on ", deadline);
-    let (bind, rest) = line.split_once(", REST API on http://").expect("addresses");
-    let rest: SocketAddr = rest.trim().parse().unwrap();
-    let workers: Vec<Watched> = (0..2)
-        .map(|_| {
-            Watched::spawn(cairn().args(["worker", "--coordinator", bind.trim(), "--slots", "3"]))
-        })
-        .collect();
-    let out = run_ok(
-        cairn()
-            .args([
-                "submit",
-                "--rest",
-                &format!("http://{rest}"),
-                "--rest-token",
-                TOKEN,
-            ])
-            .args(["backpressure", "-p", "2", "--discard"])
-            .args([
-                "--generate",
-                "1000000000",
-                "--keys",
-                "1000",
-                "--sink-rate",
-                "100000",
-            ])
-            .args(["--checkpoint-interval", "500ms", "-D"])
-            .arg(format!("state.savepoints.dir={}", savepoints.display())),
+    let rest = cluster.rest;
+    let savepoints_dir = format!("state.savepoints.dir={}", savepoints.display());
+    let jid = submit(
+        rest,
+        Some(TOKEN),
+        &[
+            "backpressure",
+            "-p",
+            "2",
+            "--discard",
+            "--generate",
+            "1000000000",
+            "--keys",
+            "1000",
+            "--sink-rate",
+            "100000",
+            "--checkpoint-interval",
+            "500ms",
+            "-D",
+            &savepoints_dir,
+        ],
     );
-    let jid = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string();
     // A job that fails once, restarts and finishes; and one the page cancels.
-    let submit = |job: &[&str]| {
-        let out = run_ok(
-            cairn()
-                .args([
-                    "submit",
-                    "--rest",
-                    &format!("http://{rest}"),
-                    "--rest-token",
-                    TOKEN,
-                ])
-                .args(job),
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        stdout.lines().last().unwrap_or_default().trim().to_string()
-    };
-    let failing = submit(&[
-        "wordcount",
-        "-p",
-        "2",
-        "--discard",
-        "--generate",
-        "3000000",
-        "--keys",
-        "1000",
-        "--checkpoint-interval",
-        "100ms",
-        "--inject-failures",
-        "1",
-    ]);
-    let cancelled = submit(&[
-        "pipelines",
-        "-p",
-        "1",
-        "--discard",
-        "--generate",
-        "1000000000",
-        "--rate",
-        "50000",
-    ]);
+    let failing = submit(
+        rest,
+        Some(TOKEN),
+        &[
+            "wordcount",
+            "-p",
+            "2",
+            "--discard",
+            "--generate",
+            "3000000",
+            "--keys",
+            "1000",
+            "--checkpoint-interval",
+            "100ms",
+            "--inject-failures",
+            "1",
+        ],
+    );
+    let cancelled = submit(
+        rest,
+        Some(TOKEN),
+        &[
+            "pipelines",
+            "-p",
+            "1",
+            "--discard",
+            "--generate",
+            "1000000000",
+            "--rate",
+            "50000",
+        ],
+    );
 
     let shots = screenshot_dir();
     let _ = std::fs::remove_dir_all(&shots);
@@ -207,7 +179,7 @@ fn the_dashboard_in_chromium_shows_backpressure_and_checkpoints_and_stops_the_jo
         .expect("node runs (scripts/test installs Node.js's packages in web/)");
     let stdout = String::from_utf8_lossy(&browser.stdout);
     let stderr = String::from_utf8_lossy(&browser.stderr);
-    coordinator.assert_running();
+    cluster.assert_running();
     assert!(
         browser.status.success(),
         "the browser test failed ({}):\n{stderr}\n{stdout}\ncoordinator:",
@@ -266,9 +238,5 @@ fn the_dashboard_in_chromium_shows_backpressure_and_checkpoints_and_stops_the_jo
         let shot = shots.join(format!("{name}.png"));
         let len = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
         assert!(len > 1000, "screenshot {shot:?} missing or empty");
-    }
-    coordinator.terminate();
-    for w in &workers {
-        w.terminate();
     }
 }

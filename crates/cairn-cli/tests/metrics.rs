@@ -452,25 +452,20 @@ fn a_worker_serves_its_subtasks_metrics_and_the_coordinator_its_jobs() {
             (w, addr.parse().unwrap())
         })
         .collect();
-    let out = run_ok(cairn().args([
-        "submit",
-        "--rest",
-        &format!("http://{rest}"),
-        "wordcount",
-        "-p",
-        "4",
-        "--generate",
-        "1000000000",
-        "--keys",
-        "1000",
-        "--discard",
-    ]));
-    let jid = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let jid = submit(
+        rest,
+        None,
+        &[
+            "wordcount",
+            "-p",
+            "4",
+            "--generate",
+            "1000000000",
+            "--keys",
+            "1000",
+            "--discard",
+        ],
+    );
     // Both workers run subtasks of the job, exchanging records over the network: bytes move.
     for (w, addr) in &mut workers {
         let addr = *addr;
