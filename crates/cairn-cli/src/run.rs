@@ -39,9 +39,10 @@ pub struct RunArgs {
     /// Number of distinct generated words (K).
     #[arg(long, value_name = "K", requires = "generate")]
     keys: Option<u64>,
-    /// wordcount --generate: at most N words per second (0: as fast as possible) [default: 0].
-    /// nexmark: N events per second of event time (their timestamps are 1/N s apart; they are
-    /// emitted as fast as possible) [default: 10000].
+    /// wordcount: read at most N records per second (generated words, or lines of --input or
+    /// --kafka-input; 0: as fast as possible) [default: 0]; pipelines: N words per second in
+    /// each pipeline. nexmark: N events per second of event time (their timestamps are 1/N s
+    /// apart; they are emitted as fast as possible) [default: 10000].
     #[arg(long, value_name = "N")]
     rate: Option<u64>,
     /// nexmark: the query to run (q0, q1, q2, q3, q4, q5, q7, q8, q11, q12).
@@ -480,9 +481,10 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
     if args.query.is_some() || args.events.is_some() {
         bail!("--query and --events are flags of the nexmark job");
     }
-    if args.rate.is_some() && args.generate.is_none() {
-        bail!("--rate needs --generate N");
+    if args.rate.is_some() && args.job == "backpressure" {
+        bail!("backpressure paces its slow source itself (--sink-rate paces its sink): --rate is not a flag of it");
     }
+    let rate = args.rate.unwrap_or(0);
     let input = match (&args.input, args.generate) {
         _ if args.kafka_input.is_some() => kafka_input(args)?,
         (Some(path), None) => {
@@ -495,11 +497,7 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
             if keys == 0 {
                 bail!("--keys must be at least 1");
             }
-            WordInput::Generate {
-                count,
-                keys,
-                rate: args.rate.unwrap_or(0),
-            }
+            WordInput::Generate { count, keys }
         }
         _ => bail!("wordcount needs --input FILE, --generate N or --kafka-input TOPIC"),
     };
@@ -519,9 +517,9 @@ pub fn build_job(args: &RunArgs) -> Result<(JobGraph, JobConfig, JobInput)> {
             bail!("{} generates its input: use --generate N", args.job)
         }
         ("pipelines", WordInput::Generate { count, keys, .. }) => {
-            pipelines::build(*count, *keys, &output)
+            pipelines::build(*count, *keys, rate, &output)
         }
-        _ => wordcount::build(&input, &output),
+        _ => wordcount::build(&input, rate, &output),
     }
     .map_err(|e| anyhow!(e))?;
     Ok((graph, config, JobInput::Words(input)))

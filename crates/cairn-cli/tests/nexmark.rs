@@ -258,8 +258,11 @@ fn bad_nexmark_flags_are_one_line_errors() {
         e,
         "error: --query and --events are flags of the nexmark job"
     );
-    let e = refused(&["run", "wordcount", "--input", "words.txt", "--rate", "10"]);
-    assert_eq!(e, "error: --rate needs --generate N");
+    let e = refused(&["run", "backpressure", "--generate", "10", "--rate", "10"]);
+    assert_eq!(
+        e,
+        "error: backpressure paces its slow source itself (--sink-rate paces its sink): --rate is not a flag of it"
+    );
 }
 
 /// The committed output of an undisturbed run (parallelism 1, no checkpoints) of `query`.

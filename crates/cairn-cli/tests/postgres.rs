@@ -231,7 +231,9 @@ enum Input<'a> {
 }
 
 impl Input<'_> {
-    fn wordcount(self, mode: &str, table: &str, ck: &Path) -> Command {
+    /// The wordcount to kill (`paced`: Kafka's lines read at [`KAFKA_RATE`]) or to run to its
+    /// end (generated words are always paced).
+    fn wordcount(self, mode: &str, table: &str, ck: &Path, paced: bool) -> Command {
         let Input::Kafka(topic) = self else {
             return wordcount(mode, table, ck, Some(RATE));
         };
@@ -251,6 +253,9 @@ impl Input<'_> {
             .arg(ck)
             .args(["--checkpoint-interval", "100ms", "--from", "latest"])
             .stdout(Stdio::null());
+        if paced {
+            cmd.args(["--rate", &KAFKA_RATE.to_string()]);
+        }
         cmd
     }
 
@@ -263,10 +268,13 @@ impl Input<'_> {
     }
 }
 
-/// Lines of the Kafka input topic: with 40 words each, 2M words, enough that every killed run
-/// stops at its failpoint long before the (unpaced) source reaches the end.
+/// Lines of the Kafka input topic: with 40 words each, 2M words.
 const KAFKA_LINES: u64 = 50_000;
 const KAFKA_WORDS_PER_LINE: u64 = 40;
+/// Lines per second the killed runs read from Kafka: the input lasts 10 s, so every killed run
+/// stops at its failpoint long before the source reaches the end, however slow the machine's
+/// checkpoints are (unpaced, the source read it all before a kill at checkpoint 8 on CI).
+const KAFKA_RATE: u64 = 5_000;
 
 /// The Kafka topic of lines the Kafka -> PostgreSQL tests read, created and filled on the
 /// `scripts/service-kafka` broker by the first test that asks (one per test process).
@@ -405,7 +413,7 @@ fn kill_and_resume(mode: &str, table: &str, seed: u64, input: Input) {
                 _ => {}
             }
         };
-        let cmd = input.wordcount(mode, table, &ck);
+        let cmd = input.wordcount(mode, table, &ck, true);
         let (name, id, stderr) = kill_at(cmd, point, at, tmp.path(), run, check);
         assert_eq!(name, point, "{mode}: run {run} stopped at another point");
         assert_eq!(
@@ -451,7 +459,11 @@ fn kill_and_resume(mode: &str, table: &str, seed: u64, input: Input) {
         check_table(&mut db, mode, table, &expected, false);
         kills.push(format!("{point} at {id}"));
     }
-    let out = run_ok(input.wordcount(mode, table, &ck).stderr(Stdio::piped()));
+    let out = run_ok(
+        input
+            .wordcount(mode, table, &ck, false)
+            .stderr(Stdio::piped()),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(restored_checkpoint(&stderr), newest, "{mode}: {stderr}");
     eprintln!("{mode}: SIGKILLs at {}", kills.join(", "));

@@ -294,6 +294,7 @@ impl Source<Rec> for HalfIdle {
     fn create_reader(
         &self,
         _subtask: u32,
+        _parallelism: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<Rec>>> {
         let [split] = &splits[..] else {

@@ -43,9 +43,8 @@ fn generated_wordcount() -> cairn::api::JobGraph {
     let input = wordcount::WordInput::Generate {
         count: 2_000_000,
         keys: 100,
-        rate: 0,
     };
-    wordcount::build(&input, &wordcount::WordOutput::Discard).unwrap()
+    wordcount::build(&input, 0, &wordcount::WordOutput::Discard).unwrap()
 }
 
 fn wait_for_state(status: &JobStatus, state: JobState) {
@@ -121,7 +120,7 @@ impl Executor for LosesAWorker {
 
 #[test]
 fn a_lost_worker_hosting_two_regions_is_one_failure() {
-    let graph = pipelines::build(20_000, 50, &wordcount::WordOutput::Discard).unwrap();
+    let graph = pipelines::build(20_000, 50, 0, &wordcount::WordOutput::Discard).unwrap();
     // One restart allowed: counting the lost worker once per region would exceed it.
     let config = config(&[
         ("parallelism.default", "2"),

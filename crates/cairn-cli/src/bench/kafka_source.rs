@@ -47,7 +47,7 @@ pub fn measure(records: u64, keys: u64, parallelisms: &[u32]) -> Result<Vec<Kafk
     for &p in parallelisms {
         let mut source = KafkaSourceConfig::new(mock.bootstrap_servers(), vec![TOPIC.into()]);
         source.bounded = true;
-        let graph = wordcount::build(&WordInput::Kafka(source), &WordOutput::Discard)
+        let graph = wordcount::build(&WordInput::Kafka(source), 0, &WordOutput::Discard)
             .map_err(|e| anyhow!(e))?;
         let opts = RunOptions {
             config: JobConfig {

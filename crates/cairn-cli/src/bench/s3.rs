@@ -86,8 +86,8 @@ pub(super) fn run(args: &BenchArgs, scratch: &Path) -> Result<()> {
                 &WordInput::Generate {
                     count: records,
                     keys: key_count,
-                    rate: 0,
                 },
+                0,
                 &WordOutput::Discard,
             )
             .map_err(|e| anyhow!(e))?;

@@ -116,8 +116,8 @@ fn measure(key_count: u64, records: u64, dir: &Path) -> Result<Row> {
         &WordInput::Generate {
             count: records,
             keys: key_count,
-            rate: 0,
         },
+        0,
         &WordOutput::Discard,
     )
     .map_err(|e| anyhow!(e))?;

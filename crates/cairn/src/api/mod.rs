@@ -204,7 +204,7 @@ impl StreamEnv {
         let splits: SplitsFn = Arc::new(move |p| s1.create_splits(p));
         let body: SourceFn = Arc::new(move |init, splits, next| {
             let next = take_chain::<T>(next)?;
-            let reader = source.create_reader(init.subtask, splits)?;
+            let reader = source.create_reader(init.subtask, init.parallelism, splits)?;
             let restored = restored_watermark(&init.restored.take_list(SOURCE_WATERMARK_STATE))?;
             let time = strategy.as_ref().map(|s| SourceTime {
                 timestamp: s.timestamp.clone(),

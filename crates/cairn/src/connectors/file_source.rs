@@ -73,6 +73,7 @@ impl Source<String> for FileSource {
     fn create_reader(
         &self,
         _subtask: u32,
+        _parallelism: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<String>>> {
         let splits: Vec<Split> = super::decode_splits("file source", &splits)?;
@@ -198,12 +199,12 @@ mod tests {
                 .filter(|(j, _)| *j as u32 % p == i)
                 .map(|(_, s)| s.clone())
                 .collect();
-            let mut r = src.create_reader(i, mine).unwrap();
+            let mut r = src.create_reader(i, p, mine).unwrap();
             // Read in small polls with a snapshot/restore in between, as a restart would.
             loop {
                 let status = r.poll(&mut all, 3).unwrap();
                 let snap = r.snapshot().unwrap();
-                r = src.create_reader(i, snap).unwrap();
+                r = src.create_reader(i, p, snap).unwrap();
                 if status == SourceStatus::Exhausted {
                     break;
                 }

@@ -1,5 +1,3 @@
-use std::time::{Duration, Instant};
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::{TaskError, TaskResult};
@@ -9,13 +7,12 @@ use crate::runtime::chain::{Source, SourceReader, SourceStatus};
 pub type Word = compact_str::CompactString;
 
 /// Generates `count` words: record `i` is `w` followed by the decimal of `(i * 7919) mod keys`.
-/// Deterministic, so a replay after a failure yields the same records.
+/// Deterministic, so a replay after a failure yields the same records. As fast as it goes:
+/// [`super::RateLimited`] paces it.
 #[derive(Debug, Clone)]
 pub struct GeneratorSource {
     count: u64,
     keys: u64,
-    /// Records per second over all subtasks (0: as fast as possible).
-    rate: u64,
 }
 
 impl GeneratorSource {
@@ -24,14 +21,7 @@ impl GeneratorSource {
         GeneratorSource {
             count,
             keys: keys.max(1),
-            rate: 0,
         }
-    }
-
-    /// Emits at most `rate` records per second over all subtasks (0: as fast as possible).
-    pub fn with_rate(mut self, rate: u64) -> Self {
-        self.rate = rate;
-        self
     }
 }
 
@@ -58,22 +48,14 @@ impl Source<Word> for GeneratorSource {
     fn create_reader(
         &self,
         _subtask: u32,
+        _parallelism: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<Word>>> {
         let splits: Vec<Split> = super::decode_splits("generator", &splits)?;
-        // Each reader's share of the rate, by its share of the records.
-        let mine: u64 = splits.iter().map(|s| s.end.saturating_sub(s.next)).sum();
-        let rate = match (self.rate, self.count) {
-            (0, _) | (_, 0) => 0.0,
-            (r, total) => (r as f64 * mine as f64 / total as f64).max(1.0),
-        };
         Ok(Box::new(GeneratorReader {
             keys: self.keys,
             splits,
             current: 0,
-            rate,
-            started: Instant::now(),
-            emitted: 0,
         }))
     }
 }
@@ -82,10 +64,6 @@ struct GeneratorReader {
     keys: u64,
     splits: Vec<Split>,
     current: usize,
-    /// Records per second for this reader (0: unthrottled).
-    rate: f64,
-    started: Instant,
-    emitted: u64,
 }
 
 impl SourceReader<Word> for GeneratorReader {
@@ -95,18 +73,7 @@ impl SourceReader<Word> for GeneratorReader {
                 self.current += 1;
                 continue;
             }
-            let mut max = max as u64;
-            if self.rate > 0.0 {
-                let allowed = (self.started.elapsed().as_secs_f64() * self.rate) as u64;
-                let budget = allowed.saturating_sub(self.emitted);
-                if budget == 0 {
-                    let next_due = Duration::from_secs_f64((self.emitted + 1) as f64 / self.rate);
-                    return Ok(SourceStatus::IdleUntil(self.started + next_due));
-                }
-                max = max.min(budget);
-            }
-            let stop = split.end.min(split.next + max);
-            self.emitted += stop - split.next;
+            let stop = split.end.min(split.next + max as u64);
             let mut digits = itoa::Buffer::new();
             let mut word = [0u8; 24];
             word[0] = b'w';
@@ -135,12 +102,12 @@ mod tests {
     fn records_follow_the_formula_and_resume_from_a_snapshot() {
         let src = GeneratorSource::new(10, 3);
         let splits = src.create_splits(1).unwrap();
-        let mut r = src.create_reader(0, splits).unwrap();
+        let mut r = src.create_reader(0, 1, splits).unwrap();
         let mut out = Vec::new();
         r.poll(&mut out, 4).unwrap();
         let expected: Vec<String> = (0..10u64).map(|i| format!("w{}", (i * 7919) % 3)).collect();
         assert_eq!(out, expected[..4]);
-        let mut r2 = src.create_reader(0, r.snapshot().unwrap()).unwrap();
+        let mut r2 = src.create_reader(0, 1, r.snapshot().unwrap()).unwrap();
         let mut rest = Vec::new();
         while r2.poll(&mut rest, 4).unwrap() == SourceStatus::More {}
         assert_eq!(rest, expected[4..]);

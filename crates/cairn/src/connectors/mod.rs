@@ -10,6 +10,7 @@ mod generator;
 pub mod kafka;
 mod nexmark;
 pub mod postgres;
+mod rate;
 mod sequence;
 mod simple_sinks;
 mod throttled;
@@ -22,6 +23,7 @@ pub use nexmark::{
     DEFAULT_RATE,
 };
 pub use postgres::{PgMode, PostgresSink};
+pub use rate::RateLimited;
 pub use sequence::SequenceSource;
 pub use simple_sinks::{DiscardSink, PrintSink};
 pub use throttled::ThrottledSink;

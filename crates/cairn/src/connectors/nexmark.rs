@@ -628,6 +628,7 @@ impl Source<NexmarkEvent> for NexmarkSource {
     fn create_reader(
         &self,
         _subtask: u32,
+        _parallelism: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<NexmarkEvent>>> {
         let mut splits: Vec<Split> = super::decode_splits("nexmark", &splits)?;
@@ -701,7 +702,7 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(j, split)| {
-                let mut reader = source.create_reader(j as u32, vec![split]).unwrap();
+                let mut reader = source.create_reader(j as u32, p, vec![split]).unwrap();
                 read_all(reader.as_mut())
             })
             .collect()
@@ -805,13 +806,13 @@ mod tests {
             let splits = source.create_splits(3).unwrap();
             let uninterrupted = run(&source, 3);
             for (j, split) in splits.into_iter().enumerate() {
-                let mut reader = source.create_reader(j as u32, vec![split]).unwrap();
+                let mut reader = source.create_reader(j as u32, 3, vec![split]).unwrap();
                 let mut first = Vec::new();
                 for _ in 0..4 {
                     reader.poll(&mut first, 37).unwrap();
                 }
                 let mut restored = source
-                    .create_reader(j as u32, reader.snapshot().unwrap())
+                    .create_reader(j as u32, 3, reader.snapshot().unwrap())
                     .unwrap();
                 first.extend(read_all(restored.as_mut()));
                 assert_eq!(first, uninterrupted[j], "split {j} of {only:?}");
@@ -823,7 +824,7 @@ mod tests {
     fn a_reader_of_several_splits_keeps_event_time_in_order() {
         let source = NexmarkSource::new(3_000, NexmarkGenerator::new(5, 1_000));
         let splits = source.create_splits(4).unwrap();
-        let mut reader = source.create_reader(0, splits[1..].to_vec()).unwrap();
+        let mut reader = source.create_reader(0, 1, splits[1..].to_vec()).unwrap();
         let events = read_all(reader.as_mut());
         let times: Vec<i64> = events.iter().map(NexmarkEvent::timestamp_ms).collect();
         assert!(times.windows(2).all(|w| w[0] <= w[1]));
@@ -918,6 +919,6 @@ mod tests {
     #[test]
     fn corrupt_positions_are_an_error() {
         let source = NexmarkSource::new(10, NexmarkGenerator::new(0, 1));
-        assert!(source.create_reader(0, vec![vec![0xff; 3]]).is_err());
+        assert!(source.create_reader(0, 1, vec![vec![0xff; 3]]).is_err());
     }
 }

@@ -1,10 +1,12 @@
 use std::marker::PhantomData;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{TaskError, TaskResult};
 use crate::runtime::chain::{Source, SourceReader, SourceStatus};
+
+use super::rate::Pacer;
 
 /// Emits `make(i)` for `i` in `0..count`, split over the subtasks, at most `rate_per_sec`
 /// records per second in total (0: as fast as possible). Deterministic, so replayable.
@@ -53,6 +55,7 @@ impl<T: Send + 'static> Source<T> for SequenceSource<T> {
     fn create_reader(
         &self,
         _subtask: u32,
+        _parallelism: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<T>>> {
         let splits: Vec<Split> = super::decode_splits("sequence", &splits)?;
@@ -61,9 +64,7 @@ impl<T: Send + 'static> Source<T> for SequenceSource<T> {
         Ok(Box::new(SequenceReader {
             splits,
             make: self.make,
-            rate: self.rate_per_sec as f64 * share,
-            started: Instant::now(),
-            emitted: 0,
+            pacer: Pacer::new(self.rate_per_sec as f64 * share, Instant::now()),
             last: 0,
         }))
     }
@@ -72,10 +73,7 @@ impl<T: Send + 'static> Source<T> for SequenceSource<T> {
 struct SequenceReader<T> {
     splits: Vec<Split>,
     make: fn(u64) -> T,
-    /// Records per second for this reader (0: unthrottled).
-    rate: f64,
-    started: Instant,
-    emitted: u64,
+    pacer: Pacer,
     /// The split the last poll read from.
     last: usize,
 }
@@ -87,22 +85,15 @@ impl<T: Send> SourceReader<T> for SequenceReader<T> {
         };
         self.last = index;
         let split = &mut self.splits[index];
-        let mut n = (max as u64).min(split.end - split.next);
-        if self.rate > 0.0 {
-            let rate = self.rate.max(1.0);
-            let allowed = (self.started.elapsed().as_secs_f64() * rate) as u64;
-            let budget = allowed.saturating_sub(self.emitted);
-            if budget == 0 {
-                let next_due = Duration::from_secs_f64((self.emitted + 1) as f64 / rate);
-                return Ok(SourceStatus::IdleUntil(self.started + next_due));
-            }
-            n = n.min(budget);
-        }
+        let n = match self.pacer.budget(Instant::now(), max as u64) {
+            Ok(budget) => budget.min(split.end - split.next),
+            Err(until) => return Ok(SourceStatus::IdleUntil(until)),
+        };
         for i in split.next..split.next + n {
             out.push((self.make)(i));
         }
         split.next += n;
-        self.emitted += n;
+        self.pacer.emitted(n);
         Ok(SourceStatus::More)
     }
 

@@ -5,16 +5,17 @@
 use std::path::Path;
 
 use crate::api::{JobGraph, StreamEnv};
-use crate::connectors::{DiscardSink, FileSink, GeneratorSource, Word};
+use crate::connectors::{DiscardSink, FileSink, GeneratorSource, RateLimited, Word};
 
 use super::wordcount::{encoder, Count, WordOutput};
 
-/// Builds the job: `count` generated words over `keys` in each pipeline.
-pub fn build(count: u64, keys: u64, output: &WordOutput) -> Result<JobGraph, String> {
+/// Builds the job: `count` generated words over `keys` in each pipeline, each source at most
+/// `rate` words per second (0: as fast as it goes).
+pub fn build(count: u64, keys: u64, rate: u64, output: &WordOutput) -> Result<JobGraph, String> {
     let env = StreamEnv::new();
     for name in ["a", "b"] {
         let counts = env
-            .source(GeneratorSource::new(count, keys))
+            .source(RateLimited::new(GeneratorSource::new(count, keys), rate))
             .uid(&format!("{name}-source"))
             .name(&format!("{name}-source"))
             .key_by(|w: &Word| w.clone())

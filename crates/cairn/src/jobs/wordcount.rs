@@ -12,7 +12,7 @@ use crate::connectors::kafka::{KafkaEncoder, KafkaSink, KafkaSinkConfig};
 use crate::connectors::kafka::{KafkaSource, KafkaSourceConfig};
 use crate::connectors::{
     DiscardSink, Encoder, FileSink, FileSource, GeneratorSource, PgMode, PostgresSink, PrintSink,
-    Word,
+    RateLimited, Word,
 };
 use crate::error::TaskResult;
 use crate::state::{KeyedContext, ValueState};
@@ -23,9 +23,7 @@ pub enum WordInput {
     /// Whitespace-separated words of a text file.
     File(PathBuf),
     /// `count` generated words over `keys` distinct ones.
-    /// `count` generated words over `keys` distinct ones, at most `rate` per second (0: as fast
-    /// as possible).
-    Generate { count: u64, keys: u64, rate: u64 },
+    Generate { count: u64, keys: u64 },
     /// Lines of words, the values of Kafka records (their offsets are the source's state).
     Kafka(KafkaSourceConfig),
 }
@@ -102,12 +100,13 @@ pub fn kafka_encoder() -> KafkaEncoder<(Word, u64)> {
     })
 }
 
-/// Builds the wordcount job graph.
-pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String> {
+/// Builds the wordcount job graph, its source read at most `rate` records (lines of a file or
+/// of Kafka, generated words) per second in all (0: as fast as it goes).
+pub fn build(input: &WordInput, rate: u64, output: &WordOutput) -> Result<JobGraph, String> {
     let env = StreamEnv::new();
     let words = match input {
         WordInput::File(path) => env
-            .source(FileSource::new(path))
+            .source(RateLimited::new(FileSource::new(path), rate))
             .uid("source")
             .name("file-source")
             .flat_map(|line: String, out: &mut Collector<Word>| {
@@ -118,7 +117,7 @@ pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String>
             .uid("split")
             .name("split"),
         WordInput::Kafka(config) => env
-            .source(KafkaSource::lines(config.clone()))
+            .source(RateLimited::new(KafkaSource::lines(config.clone()), rate))
             .uid("source")
             .name("kafka-source")
             .flat_map(|line: String, out: &mut Collector<Word>| {
@@ -128,8 +127,8 @@ pub fn build(input: &WordInput, output: &WordOutput) -> Result<JobGraph, String>
             })
             .uid("split")
             .name("split"),
-        WordInput::Generate { count, keys, rate } => env
-            .source(GeneratorSource::new(*count, *keys).with_rate(*rate))
+        WordInput::Generate { count, keys } => env
+            .source(RateLimited::new(GeneratorSource::new(*count, *keys), rate))
             .uid("source")
             .name("generator"),
     };

@@ -519,10 +519,12 @@ pub trait Source<T>: Send + Sync + 'static {
     /// subtask `j mod parallelism`. Errors here (say, a missing input file) fail the job before
     /// it starts.
     fn create_splits(&self, parallelism: u32) -> TaskResult<Vec<Vec<u8>>>;
-    /// A reader of the given splits (fresh or restored positions).
+    /// The reader of subtask `subtask` of `parallelism`, of the given splits (fresh or
+    /// restored positions).
     fn create_reader(
         &self,
         subtask: u32,
+        parallelism: u32,
         splits: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<T>>>;
 }

@@ -263,12 +263,8 @@ mod tests {
     }
 
     fn wordcount_graph() -> JobGraph {
-        let input = WordInput::Generate {
-            count: 10,
-            keys: 3,
-            rate: 0,
-        };
-        wordcount::build(&input, &WordOutput::Discard).unwrap()
+        let input = WordInput::Generate { count: 10, keys: 3 };
+        wordcount::build(&input, 0, &WordOutput::Discard).unwrap()
     }
 
     #[test]
@@ -316,7 +312,7 @@ mod tests {
 
     #[test]
     fn independent_pipelines_are_separate_regions_and_connected_tasks_one() {
-        let graph = pipelines::build(10, 3, &WordOutput::Discard).unwrap();
+        let graph = pipelines::build(10, 3, 0, &WordOutput::Discard).unwrap();
         let p = plan(&graph, &config(2)).unwrap();
         let regions = p.regions(&graph);
         assert_eq!(regions.len(), 2, "{regions:?}");

@@ -566,6 +566,7 @@ impl<T: Send + 'static> Source<T> for KafkaSource<T> {
     fn create_reader(
         &self,
         subtask: u32,
+        _parallelism: u32,
         entries: Vec<Vec<u8>>,
     ) -> TaskResult<Box<dyn SourceReader<T>>> {
         let bundles: Vec<Vec<Split>> = crate::connectors::decode_splits("Kafka source", &entries)?;

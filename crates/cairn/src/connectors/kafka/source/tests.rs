@@ -108,7 +108,7 @@ fn fresh<T: Send + 'static>(source: &KafkaSource<T>, p: u32) -> Vec<Box<dyn Sour
                 .filter(|(j, _)| *j as u32 % p == i)
                 .map(|(_, s)| s.clone())
                 .collect();
-            source.create_reader(i, mine).expect("reader")
+            source.create_reader(i, p, mine).expect("reader")
         })
         .collect()
 }
@@ -125,7 +125,7 @@ fn restore<T: Send + 'static>(
         .map(|i| {
             let share = all[n * i / p as usize..n * (i + 1) / p as usize].to_vec();
             source
-                .create_reader(i as u32, share)
+                .create_reader(i as u32, p, share)
                 .expect("restored reader")
         })
         .collect()
@@ -287,7 +287,7 @@ fn every_start_position_and_restored_offsets_winning() {
     let mut c = config(&mock, &["t"]);
     c.start = StartFrom::Earliest;
     c.bounded = false;
-    let mut restored = tagged(c).create_reader(0, snapshot).expect("restored");
+    let mut restored = tagged(c).create_reader(0, 1, snapshot).expect("restored");
     produce(&brokers, "t", &[(2, "newer".into(), None)]);
     let (records, _) = read(restored.as_mut(), 100, |r| !r.is_empty());
     assert_eq!(records, vec![("t".to_string(), 2, 10, "newer".to_string())]);
@@ -548,7 +548,7 @@ fn an_unreachable_broker_or_a_missing_topic_is_one_clear_error() {
     let mut c = config(&mock, &["t"]);
     c.topics = vec!["t".into()];
     let snapshot = history("gone", 1, 1).remove(0);
-    let err = tagged(c).create_reader(0, snapshot).err().expect("gone");
+    let err = tagged(c).create_reader(0, 1, snapshot).err().expect("gone");
     assert!(
         err.to_string()
             .contains("Kafka topic 'gone' does not exist"),
