@@ -388,11 +388,20 @@ fn summary_line(s: &JobSummary) -> String {
     line
 }
 
+/// The CPU time (user and system, all threads) this process has used so far.
+fn process_cpu_ms() -> Option<u64> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    let ms = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1000 + t.tv_usec() as u64 / 1000;
+    Some(ms(usage.user_time()) + ms(usage.system_time()))
+}
+
 fn summary_json(s: &JobSummary) -> serde_json::Value {
     serde_json::json!({
         "job_id": s.job_id,
         "job_name": s.job_name,
         "elapsed_ms": s.elapsed.as_millis() as u64,
+        "cpu_ms": process_cpu_ms(),
         "records": s.records,
         "restarts": s.restarts,
         "failed_checkpoints": s.failed_checkpoints,

@@ -1,7 +1,9 @@
 //! `cairn bench --suite savepoint` at a small key count: it prints its table, with the row of
 //! that key count and positive checkpoint and savepoint sizes; `cairn bench --suite nexmark`
 //! at a few events: a row and a script line for every query at p=1 and p=2, with events/s,
-//! checkpoints and the peak RSS. Times are not asserted: they are the machine's.
+//! checkpoints and the peak RSS; `cairn bench --suite metrics` over few records: records/s and
+//! CPU time per record with metrics on and off, and their ratios. Times are not asserted: they
+//! are the machine's.
 
 mod common;
 
@@ -165,6 +167,51 @@ fn nexmark_bench_prints_every_query_at_both_parallelisms() {
             assert_eq!(field("stream_events"), 20000.0, "{line}");
         }
     }
+}
+
+#[test]
+fn metrics_bench_prints_both_settings_and_their_ratios() {
+    let out = common::run_ok(common::cairn().args([
+        "bench",
+        "--suite",
+        "metrics",
+        "--records",
+        "200000",
+        "--repeat",
+        "2",
+        "--log",
+        "warn",
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for setting in ["true", "false"] {
+        let row: Vec<&str> = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(setting))
+            .unwrap_or_else(|| panic!("no row for metrics.enabled {setting} in:\n{stdout}"))
+            .split_whitespace()
+            .collect();
+        assert_eq!(row.len(), 3, "{stdout}");
+        assert!(
+            human_count(row[1]) > 0.0,
+            "records/s of {setting}:\n{stdout}"
+        );
+        let cpu: f64 = row[2].parse().unwrap_or(f64::NAN);
+        assert!(
+            cpu.is_finite() && cpu > 0.0,
+            "CPU per record of {setting}:\n{stdout}"
+        );
+    }
+    let ratios = stdout
+        .lines()
+        .find(|l| l.starts_with("on/off: "))
+        .unwrap_or_else(|| panic!("no ratio line in:\n{stdout}"));
+    let numbers: Vec<f64> = ratios
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // records/s ratio, its cost, CPU ratio, its cost: every one a finite number.
+    assert_eq!(numbers.len(), 4, "{ratios}");
+    assert!(numbers[0] > 0.0 && numbers[2] > 0.0, "{ratios}");
 }
 
 #[test]
