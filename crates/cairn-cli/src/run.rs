@@ -567,7 +567,6 @@ impl JobFactory for BuiltinJobs {
         let parsed = RunCommand::try_parse_from(argv)
             .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())?;
         let (graph, config, input) = build_job(&parsed.args).map_err(|e| format!("{e:#}"))?;
-        refuse_in_a_cluster(&parsed.args)?;
         let inject = match parsed.args.inject_failures {
             Some(count) => Some(InjectSpec {
                 count,
@@ -585,19 +584,6 @@ impl JobFactory for BuiltinJobs {
             restore: restore_from(parsed.args.from.as_deref())?,
         })
     }
-}
-
-/// What a built-in job cannot do when a coordinator runs it: the exactly-once Kafka sink
-/// restores its transactions in the process of the job master and hands its writers the
-/// numbering from there, which a worker's writers do not share.
-fn refuse_in_a_cluster(args: &RunArgs) -> std::result::Result<(), String> {
-    let Some(WordOutput::Kafka(config)) = kafka_output(args).map_err(|e| format!("{e:#}"))? else {
-        return Ok(());
-    };
-    if config.guarantee == cairn::connectors::kafka::KafkaGuarantee::ExactlyOnce {
-        return Err("--kafka-guarantee exactly-once is not available in cluster mode yet (run the job with cairn run, or submit it with --kafka-guarantee at-least-once)".into());
-    }
-    Ok(())
 }
 
 /// The records all sources of the job read in a run without failures (failures are planned
@@ -767,32 +753,6 @@ mod tests {
     fn submitted(args: &[&str]) -> std::result::Result<BuiltJob, String> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         BuiltinJobs.build("nexmark", &args)
-    }
-
-    #[test]
-    fn a_submitted_job_with_the_exactly_once_kafka_sink_is_refused() {
-        let wordcount = |guarantee: Option<&str>| {
-            let mut args = vec![
-                "--generate",
-                "10",
-                "--kafka-brokers",
-                "127.0.0.1:9",
-                "--kafka-output",
-                "counts",
-            ];
-            if let Some(g) = guarantee {
-                args.extend(["--kafka-guarantee", g]);
-            }
-            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-            BuiltinJobs.build("wordcount", &args)
-        };
-        for refused in [None, Some("exactly-once")] {
-            let e = wordcount(refused).err().expect("refused");
-            assert!(e.contains("not available in cluster mode"), "{e}");
-        }
-        for accepted in ["at-least-once", "none"] {
-            assert!(wordcount(Some(accepted)).is_ok(), "{accepted}");
-        }
     }
 
     #[test]

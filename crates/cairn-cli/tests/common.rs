@@ -336,6 +336,8 @@ pub fn a_checkpoint_completed(ck: &Path) -> bool {
 pub struct Cluster {
     pub coordinator: Watched,
     pub workers: Vec<Watched>,
+    /// The address workers connect to.
+    pub bind: String,
     /// The coordinator's REST API, read back from the line it prints once it listens.
     pub rest: SocketAddr,
 }
@@ -389,8 +391,17 @@ impl Cluster {
         Cluster {
             coordinator,
             workers,
+            bind: bind.trim().to_string(),
             rest,
         }
+    }
+
+    /// The command of one more worker of this cluster, with `slots` task slots.
+    pub fn worker(&self, slots: u32) -> Command {
+        let mut cmd = cairn();
+        cmd.args(["worker", "--coordinator", &self.bind])
+            .args(["--slots", &slots.to_string()]);
+        cmd
     }
 
     /// Fails the test with its stderr if the coordinator or a worker has exited.

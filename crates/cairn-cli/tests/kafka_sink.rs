@@ -694,3 +694,151 @@ fn kafka_to_kafka_sigkilled_at_every_failpoint_and_rescaled_equals_an_undisturbe
         "the committed output differs from the undisturbed run's"
     );
 }
+
+/// A job's state from the coordinator's REST API at `rest`.
+fn job_state(rest: std::net::SocketAddr, jid: &str) -> String {
+    let body = ureq::get(&format!("http://{rest}/jobs/{jid}"))
+        .call()
+        .and_then(|mut r| r.body_mut().read_to_string())
+        .unwrap_or_else(|e| panic!("GET /jobs/{jid}: {e}"));
+    let job: serde_json::Value = serde_json::from_str(&body).unwrap();
+    job["state"].as_str().unwrap_or_default().to_string()
+}
+
+/// The exactly-once Kafka sink in a cluster: the coordinator's job master restores it
+/// (commits the restored checkpoint's transactions, fences the later ones) and the workers'
+/// writers continue the transaction numbering from the checkpoint they restore. Kafka ->
+/// wordcount -> Kafka at p=2 on two one-slot workers: one runs throughout, the other is
+/// armed at a sink failpoint, SIGKILLed there and replaced by the next, in turn at
+/// `sink-pre-committed`, `sink-writing` and `sink-committing`. Every kill lands where it was
+/// armed, the job restarts each time and finishes; no duplicate is ever committed, no
+/// transaction is left open, and the output holds every count once.
+#[test]
+fn in_a_cluster_workers_killed_at_the_sinks_failpoints_keep_exactly_once() {
+    const PARTITIONS: i32 = 3;
+    let (lines, per_line, keys) = (30_000u64, 20u64, 2_000u64);
+    let mut w = broker();
+    let input = new_topic(&mut w, "cluster-lines", PARTITIONS);
+    fill_topic(&kafka_brokers(), &input, PARTITIONS, lines, per_line, keys);
+    let output = new_topic(&mut w, "cluster-counts", PARTITIONS);
+    let expected = generated_counts(lines * per_line, keys);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let deadline = || Instant::now() + Duration::from_secs(60);
+    let mut cluster = Cluster::start(&ck, 0, deadline());
+    let _steady = Watched::spawn(&mut cluster.worker(1));
+    let points = ["sink-pre-committed", "sink-writing", "sink-committing"];
+    let armed = |cluster: &Cluster, i: usize, at: u64| {
+        Watched::spawn(
+            cluster
+                .worker(1)
+                .env("CAIRN_FAILPOINTS", format!("{}={at}", points[i]))
+                .env(
+                    "CAIRN_FAILPOINT_MARKER",
+                    tmp.path().join(format!("marker-{i}")),
+                ),
+        )
+    };
+    let mut worker = armed(&cluster, 0, 2);
+    let jid = submit(
+        cluster.rest,
+        None,
+        &[
+            "wordcount",
+            "-p",
+            "2",
+            "--kafka-brokers",
+            &kafka_brokers(),
+            "--kafka-input",
+            &input,
+            "--kafka-bounded",
+            "--kafka-output",
+            &output,
+            "--kafka-guarantee",
+            "exactly-once",
+            "--checkpoint-interval",
+            "200ms",
+            // The input lasts 6 s of reading per attempt: the job is still reading at every
+            // kill, however slow the machine.
+            "--rate",
+            "5000",
+        ],
+    );
+    let mut kills = Vec::new();
+    for (i, point) in points.into_iter().enumerate() {
+        let marker = tmp.path().join(format!("marker-{i}"));
+        let at = if i == 0 {
+            2
+        } else {
+            checkpoint_progress(&ck).map_or(0, |(_, highest)| highest) + 2
+        };
+        if i > 0 {
+            // Replacing the stopped worker SIGKILLs it.
+            worker = armed(&cluster, i, at);
+        }
+        worker.wait_until(&format!("{point}={at}"), deadline(), || {
+            read_marker(&marker).is_some()
+        });
+        let (hit, id) = read_marker(&marker).unwrap();
+        assert_eq!(hit, point);
+        assert!(id >= at, "{point} fired at {id}, armed for {at}");
+        let completed = checkpoint_progress(&ck).map_or(0, |(c, _)| c);
+        match point {
+            "sink-committing" => assert!(completed >= id, "{point} {id}: {completed}"),
+            _ => assert!(completed < id, "{point} {id}: {completed} completed"),
+        }
+        let so_far = check_counts(
+            counts_of(&committed(&w.read_topic(&output).unwrap())),
+            &expected,
+        );
+        assert_eq!(so_far.duplicates, 0, "duplicates committed at {point} {id}");
+        kills.push(format!("{point} at {id}"));
+        cluster.assert_running();
+    }
+    worker = Watched::spawn(&mut cluster.worker(1));
+    let end = deadline() + Duration::from_secs(60);
+    while job_state(cluster.rest, &jid) != "FINISHED" {
+        let state = job_state(cluster.rest, &jid);
+        assert!(
+            state != "FAILED" && state != "CANCELED",
+            "the job ended {state}"
+        );
+        assert!(
+            Instant::now() < end,
+            "the job did not finish in time: {state}"
+        );
+        worker.assert_running();
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+    eprintln!(
+        "cluster Kafka -> Kafka: worker SIGKILLs at {}",
+        kills.join(", ")
+    );
+    let log = w.read_topic(&output).unwrap();
+    assert!(
+        log.transactions().iter().all(|t| t.outcome.is_some()),
+        "transactions left open at the end"
+    );
+    assert!(
+        log.transactions()
+            .iter()
+            .any(|t| t.outcome == Some(Marker::Abort)),
+        "no restore aborted a transaction a killed worker left open"
+    );
+    // A transactional id (one producer id) commits at most one transaction per partition: the
+    // restarted writers continued the numbering from the restored checkpoint (they reuse only
+    // the ids of transactions the restore aborted), never an id whose transaction committed.
+    let mut seen = HashSet::new();
+    for t in log.transactions() {
+        if t.outcome == Some(Marker::Commit) && t.records > 0 {
+            assert!(
+                seen.insert((t.producer_id, t.partition)),
+                "producer id {} committed two transactions into partition {}: a committed transactional id was used again",
+                t.producer_id,
+                t.partition
+            );
+        }
+    }
+    let c = check_counts(counts_of(&committed(&log)), &expected);
+    assert_eq!((c.duplicates, c.missing), (0, 0));
+}

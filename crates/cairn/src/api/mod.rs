@@ -428,6 +428,7 @@ impl<T: Data> DataStream<T> {
                 subtask: init.subtask,
                 parallelism: init.parallelism,
                 checkpointing: init.checkpointing,
+                restored: init.sink_restored.take(),
             })?;
             Ok(SinkOp::new(init.uid.clone(), writer))
         });

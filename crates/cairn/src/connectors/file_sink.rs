@@ -371,6 +371,7 @@ mod tests {
             subtask: 0,
             parallelism: 1,
             checkpointing: true,
+            restored: None,
         })
         .unwrap()
     }

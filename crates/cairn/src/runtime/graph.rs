@@ -33,6 +33,9 @@ pub struct SubtaskInit {
     pub rocksdb: Option<RocksDbSettings>,
     /// Heap backend: copy-on-write snapshots (`state.backend.heap.copy-on-write`).
     pub heap_copy_on_write: bool,
+    /// A sink's pending state of every subtask in the restored checkpoint, as its
+    /// `initialize` got it; None on a fresh start, and for operators that are not sinks.
+    pub sink_restored: Option<Vec<Vec<u8>>>,
 }
 
 impl SubtaskInit {

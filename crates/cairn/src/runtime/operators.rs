@@ -422,6 +422,11 @@ pub struct SinkContext {
     pub parallelism: u32,
     /// Whether checkpoints run; without them a transactional sink commits at end of input.
     pub checkpointing: bool,
+    /// The pending state of every subtask in the restored checkpoint, as
+    /// [`Sink::initialize`] got it (None on a fresh start). A writer may run in another
+    /// process than `initialize` (a worker of a cluster): what it needs of the restore it
+    /// derives from this, never from what `initialize` kept.
+    pub restored: Option<Vec<Vec<u8>>>,
 }
 
 /// A sink: writes records, and takes part in checkpoints as a two-phase commit participant.

@@ -48,9 +48,11 @@
 //!    that a subtask that never got a record still uses its first id.
 //!
 //! The writers of the attempt then continue numbering where the walk started, so the next
-//! restore walks their ids too. [`Sink::initialize`] hands that numbering to
-//! [`Sink::create_writer`] through the sink object, so the exactly-once mode needs both in one
-//! process (`cairn run`); a writer whose sink was not initialized fails with a clear error.
+//! restore walks their ids too. Where that is is a function of the restored checkpoint's
+//! cursors alone ([`RestorePlan::of`]), which [`Sink::create_writer`] is given too
+//! ([`SinkContext::restored`]): a writer needs nothing [`Sink::initialize`] kept, so the
+//! writers can run in other processes than the restore (the workers of a cluster, the
+//! restore in the coordinator's job master).
 //!
 //! **Timeouts.** A broker aborts a transaction open longer than `transaction.timeout.ms`.
 //! A pending transaction that reaches [`KafkaSinkConfig::timeout_warning_ratio`] of it (also
@@ -65,9 +67,9 @@
 //! One idempotent producer per subtask; at-least-once flushes it at every barrier (and fails
 //! the checkpoint if a record could not be delivered), none does not wait for it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::client::ClientContext;
@@ -195,9 +197,6 @@ pub type KafkaEncoder<T> = Arc<dyn Fn(&T, &mut Vec<u8>, &mut Vec<u8>) + Send + S
 pub struct KafkaSink<T> {
     config: Arc<KafkaSinkConfig>,
     encoder: KafkaEncoder<T>,
-    /// Per (job id, sink uid): where each subtask's transaction numbering continues, decided
-    /// by [`Sink::initialize`] for the writers of the attempt.
-    plans: Mutex<HashMap<(String, String), RestorePlan>>,
 }
 
 impl<T> KafkaSink<T> {
@@ -207,7 +206,6 @@ impl<T> KafkaSink<T> {
         Ok(KafkaSink {
             config: Arc::new(config),
             encoder,
-            plans: Mutex::new(HashMap::new()),
         })
     }
 
@@ -283,6 +281,34 @@ struct RestorePlan {
 }
 
 impl RestorePlan {
+    /// The plan of a restore of `entries` (the restored checkpoint's pending state of every
+    /// subtask; none on a fresh start), and the pre-committed transactions among them, each
+    /// once, in the order they are committed.
+    fn of(entries: Vec<PendingEntry>) -> (Self, Vec<PreparedTransaction>) {
+        let mut plan = RestorePlan::default();
+        let mut prepared: Vec<PreparedTransaction> = Vec::new();
+        for e in entries {
+            match e {
+                PendingEntry::Cursor {
+                    subtask,
+                    checkpoint_id,
+                    next,
+                } => {
+                    plan.restored_checkpoint = plan.restored_checkpoint.max(checkpoint_id);
+                    let n = plan.next.entry(subtask).or_insert(next);
+                    *n = (*n).max(next);
+                }
+                PendingEntry::Transaction(t) => {
+                    if !prepared.contains(&t) {
+                        prepared.push(t);
+                    }
+                }
+            }
+        }
+        prepared.sort_by_key(|t| (t.checkpoint_id, t.transactional_id.clone()));
+        (plan, prepared)
+    }
+
     /// The first transaction number of `subtask`: where the restored checkpoint's cursor
     /// says, or (for a subtask the checkpoint did not have) after the checkpoint's id, above
     /// any number used before it.
@@ -296,6 +322,16 @@ impl RestorePlan {
 
 fn wire_err(e: WireError) -> TaskError {
     TaskError::msg(format!("Kafka sink: {e}"))
+}
+
+/// The sink's pending state entries of a checkpoint, decoded.
+fn decode_pending(restored: Option<&[Vec<u8>]>) -> TaskResult<Vec<PendingEntry>> {
+    restored
+        .unwrap_or_default()
+        .iter()
+        .map(|b| postcard::from_bytes::<PendingEntry>(b))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TaskError::msg(format!("corrupt Kafka sink state in checkpoint: {e}")))
 }
 
 impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
@@ -322,25 +358,14 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
         if self.config.guarantee != KafkaGuarantee::ExactlyOnce {
             return Ok(());
         }
-        let entries = restored
-            .unwrap_or_default()
-            .iter()
-            .map(|b| postcard::from_bytes::<PendingEntry>(b))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| TaskError::msg(format!("corrupt Kafka sink state in checkpoint: {e}")))?;
+        let entries = decode_pending(restored.as_deref())?;
         let prefix = self.prefix(owner);
         let restore = Restore {
             config: &self.config,
             wire,
             uid: &owner.uid,
         };
-        let plan = restore.run(&prefix, entries)?;
-        let mut plans = self
-            .plans
-            .lock()
-            .map_err(|_| TaskError::msg("Kafka sink: restore plans poisoned"))?;
-        plans.insert((owner.job_id.clone(), owner.uid.clone()), plan);
-        Ok(())
+        restore.run(&prefix, entries)
     }
 
     fn create_writer(&self, ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<T>>> {
@@ -356,19 +381,8 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
                 ctx.checkpointing,
             )?));
         }
-        let key = (ctx.owner.job_id.clone(), ctx.owner.uid.clone());
-        let (first, last_barrier) = self
-            .plans
-            .lock()
-            .map_err(|_| TaskError::msg("Kafka sink: restore plans poisoned"))?
-            .get(&key)
-            .map(|plan| (plan.first(ctx.subtask), plan.restored_checkpoint))
-            .ok_or_else(|| {
-                TaskError::msg(
-                    "the exactly-once Kafka sink was not initialized in this process: its writers \
-                     must run where the job master restores it (cairn run); use at-least-once here",
-                )
-            })?;
+        let (plan, _) = RestorePlan::of(decode_pending(ctx.restored.as_deref())?);
+        let (first, last_barrier) = (plan.first(ctx.subtask), plan.restored_checkpoint);
         let mut writer = TransactionalWriter {
             spare: None,
             wire: WireClient::new(&self.config.brokers, self.config.request_timeout),
@@ -398,28 +412,8 @@ struct Restore<'a> {
 }
 
 impl Restore<'_> {
-    fn run(mut self, prefix: &str, entries: Vec<PendingEntry>) -> TaskResult<RestorePlan> {
-        let mut plan = RestorePlan::default();
-        let mut prepared: Vec<PreparedTransaction> = Vec::new();
-        for e in entries {
-            match e {
-                PendingEntry::Cursor {
-                    subtask,
-                    checkpoint_id,
-                    next,
-                } => {
-                    plan.restored_checkpoint = plan.restored_checkpoint.max(checkpoint_id);
-                    let n = plan.next.entry(subtask).or_insert(next);
-                    *n = (*n).max(next);
-                }
-                PendingEntry::Transaction(t) => {
-                    if !prepared.contains(&t) {
-                        prepared.push(t);
-                    }
-                }
-            }
-        }
-        prepared.sort_by_key(|t| (t.checkpoint_id, t.transactional_id.clone()));
+    fn run(mut self, prefix: &str, entries: Vec<PendingEntry>) -> TaskResult {
+        let (plan, prepared) = RestorePlan::of(entries);
         for (i, t) in prepared.iter().enumerate() {
             self.commit(t)?;
             if i == 0 {
@@ -451,7 +445,7 @@ impl Restore<'_> {
                 plan.restored_checkpoint
             );
         }
-        Ok(plan)
+        Ok(())
     }
 
     /// Commits a pre-committed transaction of the restored checkpoint (idempotently).
@@ -1153,6 +1147,7 @@ mod tests {
 
     use std::collections::HashSet;
     use std::io::Write;
+    use std::sync::Mutex;
 
     use super::*;
     use crate::connectors::kafka::wire::TopicLog;
@@ -1202,12 +1197,19 @@ mod tests {
         }
     }
 
+    /// The writer of subtask 0 of 1 on a fresh start.
     fn writer(s: &KafkaSink<u64>) -> Box<dyn SinkWriter<u64>> {
+        writer_after(s, None)
+    }
+
+    /// The writer of subtask 0 of 1 after a restore of `restored` (None: a fresh start).
+    fn writer_after(s: &KafkaSink<u64>, restored: Option<&[Vec<u8>]>) -> Box<dyn SinkWriter<u64>> {
         s.create_writer(SinkContext {
             owner: owner(),
             subtask: 0,
             parallelism: 1,
             checkpointing: true,
+            restored: restored.map(<[Vec<u8>]>::to_vec),
         })
         .unwrap()
     }
@@ -1377,7 +1379,7 @@ mod tests {
         assert_eq!(committed(&after), (0..100).collect::<Vec<_>>());
         // Again, as a restart that restores the same checkpoint does.
         let s3 = again(&s);
-        s3.initialize(&owner(), Some(state)).unwrap();
+        s3.initialize(&owner(), Some(state.clone())).unwrap();
         let markers = |l: &TopicLog| {
             l.partitions
                 .iter()
@@ -1389,7 +1391,9 @@ mod tests {
         assert_eq!(markers(&again_log), markers(&after));
         assert_eq!(committed(&again_log), (0..100).collect::<Vec<_>>());
 
-        let mut wr = writer(&s3);
+        // A writer restored from the same checkpoint in another process (no initialize of its
+        // own) continues with the same next id.
+        let mut wr = writer_after(&again(&s), Some(&state));
         write(wr.as_mut(), 100..150);
         let next = transactions(&wr.pre_commit(2).unwrap());
         assert!(next[0].transactional_id.ends_with("-0-2"), "{next:?}");
@@ -1448,7 +1452,7 @@ mod tests {
             2
         );
         assert_eq!(committed(&l), (0..10).collect::<Vec<_>>());
-        let mut wr = writer(&s2);
+        let mut wr = writer_after(&s2, Some(&restored));
         write(wr.as_mut(), 10..15);
         // Flushed at a barrier whose checkpoint never completes.
         wr.pre_commit(2).unwrap();
@@ -1457,9 +1461,9 @@ mod tests {
 
         // Attempt 3 restores checkpoint 1 again and runs to the end.
         let s3 = again(&s);
-        s3.initialize(&owner(), Some(restored)).unwrap();
+        s3.initialize(&owner(), Some(restored.clone())).unwrap();
         assert_eq!(open(&log(&mut w, &s)), 0);
-        let mut wr = writer(&s3);
+        let mut wr = writer_after(&s3, Some(&restored));
         write(wr.as_mut(), 10..30);
         wr.pre_commit(3).unwrap();
         wr.commit(3).unwrap();
@@ -1543,6 +1547,7 @@ mod tests {
                 subtask: 0,
                 parallelism: 1,
                 checkpointing: false,
+                restored: None,
             })
             .unwrap();
         write(wr.as_mut(), 0..100);
