@@ -512,6 +512,19 @@ fn a_worker_serves_its_subtasks_metrics_and_the_coordinator_its_jobs() {
     let vid = job["vertices"][1]["id"].as_str().unwrap().to_string();
     let bp = get_json(rest, &format!("/jobs/{jid}/vertices/{vid}/backpressure"));
     assert_eq!(bp["subtasks"].as_array().map(Vec::len), Some(4), "{bp}");
+    // Each subtask names the worker it runs on (Flink: its task manager and endpoint); the four
+    // are spread over both workers.
+    let details = get_json(rest, &format!("/jobs/{jid}/vertices/{vid}"));
+    let subtasks = details["subtasks"].as_array().expect("subtasks");
+    let mut hosts = std::collections::BTreeSet::new();
+    for s in subtasks {
+        let tm = s["taskmanager-id"].as_str().unwrap_or_default();
+        let endpoint = s["endpoint"].as_str().unwrap_or_default();
+        assert!(tm.starts_with("worker-"), "{details}");
+        assert!(endpoint.parse::<SocketAddr>().is_ok(), "{details}");
+        hosts.insert((tm.to_string(), endpoint.to_string()));
+    }
+    assert_eq!(hosts.len(), 2, "{details}");
     coordinator.terminate();
     for (w, _) in &workers {
         w.terminate();

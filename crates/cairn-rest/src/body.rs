@@ -225,16 +225,18 @@ pub(crate) fn vertex_details(
     let subtasks: Vec<Value> = (0..v.parallelism)
         .map(|i| {
             let s: Vec<&SubtaskSnapshot> = mine.iter().copied().filter(|s| s.subtask == i).collect();
+            // In a coordinator: the worker whose report it is (Flink: the task manager).
+            let worker = s.first().and_then(|s| s.worker.as_ref());
             json!({
                 "subtask": i,
                 "status": vstate,
                 "attempt": view.restarts,
-                "endpoint": "",
+                "endpoint": worker.map_or("", |w| w.1.as_str()),
                 "start-time": view.start_time,
                 "end-time": end_time(view),
                 "duration": duration(view, now_ms),
                 "metrics": io_metrics(&s, !s.is_empty()),
-                "taskmanager-id": "",
+                "taskmanager-id": worker.map(|w| format!("worker-{}", w.0)).unwrap_or_default(),
                 "status-duration": {},
                 "other-concurrent-attempts": [],
                 "watermark": s.first().map(|s| s.watermark).filter(|w| *w != cairn::metrics::NO_WATERMARK),

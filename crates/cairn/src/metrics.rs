@@ -123,6 +123,11 @@ pub struct SubtaskSnapshot {
     pub queues: [f64; 2],
     /// Watermark ([`NO_WATERMARK`] before the first).
     pub watermark: i64,
+    /// The worker that reported it, in a coordinator: its id and data address. Not sent: the
+    /// coordinator sets it from the connection the report came on (None in the process that
+    /// runs the subtask).
+    #[serde(skip)]
+    pub worker: Option<(u32, String)>,
 }
 
 /// Which per-second rate of [`SubtaskMetrics::rate`].
@@ -203,6 +208,7 @@ impl SubtaskMetrics {
             ],
             queues: [self.input_queue_fill(), self.output_queue_fill()],
             watermark: self.watermark.load(Ordering::Relaxed),
+            worker: None,
         }
     }
 
@@ -428,13 +434,14 @@ pub fn remote() -> &'static RemoteSubtasks {
 }
 
 impl RemoteSubtasks {
-    /// Takes a worker's report.
-    pub fn report(&self, snapshots: Vec<SubtaskSnapshot>) {
+    /// Takes the report of worker `worker` (its id and data address).
+    pub fn report(&self, worker: (u32, &str), snapshots: Vec<SubtaskSnapshot>) {
         let Ok(mut r) = self.reports.lock() else {
             return;
         };
         let now = Instant::now();
-        for s in snapshots {
+        for mut s in snapshots {
+            s.worker = Some((worker.0, worker.1.to_string()));
             r.insert((s.job_id.clone(), s.vertex_index, s.subtask), (s, now));
         }
         r.retain(|_, (_, at)| now.duration_since(*at) < RETAIN_STOPPED);

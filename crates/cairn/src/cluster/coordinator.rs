@@ -386,7 +386,9 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
                 }
             }
             Ok(ToCoordinator::Event { job_id, event }) => route_event(&inner, &job_id, event),
-            Ok(ToCoordinator::Metrics(snapshots)) => crate::metrics::remote().report(snapshots),
+            Ok(ToCoordinator::Metrics(snapshots)) => {
+                crate::metrics::remote().report((id, &handle.data_addr), snapshots)
+            }
             Ok(ToCoordinator::AttemptCancelled { job_id, attempt }) => {
                 if let Ok(mut jobs) = inner.jobs.lock() {
                     if let Some(j) = jobs.get_mut(&job_id) {
