@@ -342,6 +342,14 @@ pub struct Cluster {
     pub rest: SocketAddr,
 }
 
+/// The command of a worker connecting to the coordinator at `bind`, with `slots` task slots.
+fn worker_command(bind: &str, slots: u32) -> Command {
+    let mut cmd = cairn();
+    cmd.args(["worker", "--coordinator", bind])
+        .args(["--slots", &slots.to_string()]);
+    cmd
+}
+
 impl Cluster {
     /// Starts a coordinator keeping checkpoints under `checkpoint_dir` and `workers` workers;
     /// panics if the coordinator does not listen before `deadline`.
@@ -377,31 +385,21 @@ impl Cluster {
             .trim()
             .parse()
             .unwrap_or_else(|e| panic!("bad REST address in {line:?}: {e}"));
+        let bind = bind.trim();
         let workers = (0..workers)
-            .map(|_| {
-                Watched::spawn(cairn().args([
-                    "worker",
-                    "--coordinator",
-                    bind.trim(),
-                    "--slots",
-                    "2",
-                ]))
-            })
+            .map(|_| Watched::spawn(&mut worker_command(bind, 2)))
             .collect();
         Cluster {
             coordinator,
             workers,
-            bind: bind.trim().to_string(),
+            bind: bind.to_string(),
             rest,
         }
     }
 
     /// The command of one more worker of this cluster, with `slots` task slots.
     pub fn worker(&self, slots: u32) -> Command {
-        let mut cmd = cairn();
-        cmd.args(["worker", "--coordinator", &self.bind])
-            .args(["--slots", &slots.to_string()]);
-        cmd
+        worker_command(&self.bind, slots)
     }
 
     /// Fails the test with its stderr if the coordinator or a worker has exited.

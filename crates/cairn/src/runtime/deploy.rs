@@ -320,9 +320,10 @@ pub fn deploy(cx: &DeployRequest<'_>, placement: &Placement) -> Result<Deploymen
                         .unwrap_or_default(),
                     rocksdb: rocksdb.clone(),
                     heap_copy_on_write: cx.config.heap_copy_on_write,
-                    sink_restored: cx.restored.filter(|_| spec.sink_init.is_some()).map(|c| {
-                        c.all_list_entries(&spec.uid, crate::runtime::operators::SINK_PENDING_STATE)
-                    }),
+                    sink_restored: cx
+                        .restored
+                        .filter(|_| spec.sink_init.is_some())
+                        .map(|c| crate::runtime::operators::sink_pending(c, &spec.uid)),
                 }
             };
             let tail = *v.nodes.last().unwrap_or(&v.nodes[0]);

@@ -6,6 +6,7 @@ use super::functions::{
     CoProcessFunction, Collector, KeyedCoProcessFunction, KeyedProcessFunction, ProcessFunction,
 };
 use super::watermark::{TimestampFn, WATERMARK_MAX};
+use crate::checkpoint::restore::LoadedCheckpoint;
 use crate::checkpoint::Barrier;
 use crate::error::TaskResult;
 use crate::state::{
@@ -460,6 +461,12 @@ pub trait SinkWriter<T>: Send {
 
 /// Name of the operator list state holding a sink's pre-committed transactions.
 pub const SINK_PENDING_STATE: &str = "pending";
+
+/// The pending state of every subtask of sink `uid` in checkpoint `restored`: what
+/// [`Sink::initialize`] is given, and each writer too ([`SinkContext::restored`]).
+pub fn sink_pending(restored: &LoadedCheckpoint, uid: &str) -> Vec<Vec<u8>> {
+    restored.all_list_entries(uid, SINK_PENDING_STATE)
+}
 
 /// Runs a [`SinkWriter`] as the last operator of a chain.
 pub struct SinkOp<T> {

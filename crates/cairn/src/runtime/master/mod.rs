@@ -27,7 +27,7 @@ use super::channel::Mail;
 use super::deploy::{region_mask, Deployed, DeployedTask, Deployer, Executor};
 use super::graph::JobGraph;
 use super::job::{JobError, Progress, ProgressFn};
-use super::operators::{SinkOwner, SINK_PENDING_STATE};
+use super::operators::{sink_pending, SinkOwner};
 use super::restart::RestartTracker;
 use super::status::{JobCommand, JobState, JobStatus, SavepointKind, SavepointState};
 use super::task::{JobEvent, JobMetrics};
@@ -471,7 +471,7 @@ fn init_sinks(
             if !select(node.id) {
                 continue;
             }
-            let pending = restored.map(|c| c.all_list_entries(&node.uid, SINK_PENDING_STATE));
+            let pending = restored.map(|c| sink_pending(c, &node.uid));
             let owner = SinkOwner {
                 job_id: job_id.to_string(),
                 uid: node.uid.clone(),
