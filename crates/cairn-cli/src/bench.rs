@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::human;
+use cairn_app::human;
 
 mod kafka;
 mod kafka_source;
@@ -386,7 +386,7 @@ fn poll<T>(
 
 /// Embedded vs cluster throughput, and the time from a worker's SIGKILL to the job running again.
 fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::Path) -> Result<()> {
-    use crate::client::Client;
+    use cairn_app::client::Client;
     let (records, keys) = (args.records(), args.keys()?);
     let ck = scratch.join("cluster-ck");
     let (_coord, bind, rest) = spawn_coordinator(exe, &ck)?;
@@ -412,7 +412,7 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
             .clone()
             .with_timeout(std::time::Duration::from_secs(60))
             .request(
-                crate::client::Method::Post,
+                cairn_app::client::Method::Post,
                 "/jobs",
                 Some(&serde_json::json!({"job": "wordcount", "args": job_args})),
             )?;
@@ -531,7 +531,7 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
         times.push(t0.elapsed().as_millis() as u64);
     }
     let _ = client.request(
-        crate::client::Method::Patch,
+        cairn_app::client::Method::Patch,
         &format!("/jobs/{jid}?mode=cancel"),
         None,
     );

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn::runtime::{JobState, JobStatus};
-use cairn_rest::{JobRegistry, JobSubmitter};
+use cairn_rest::{JobRegistry, JobSubmitter, SubmitRequest};
 use common::Watched;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -338,22 +338,23 @@ fn a_token_protected_server_needs_the_token() {
 
 const FAKE_JID: &str = "c0ffee00c0ffee00c0ffee00c0ffee00";
 
-/// Accepts `wordcount` only, records the calls, registers the job as a coordinator would.
+/// Accepts `wordcount` only, records the requests, registers the job as a coordinator would.
 struct FakeSubmitter {
     registry: JobRegistry,
-    calls: Mutex<Vec<(String, Vec<String>)>>,
+    calls: Mutex<Vec<SubmitRequest>>,
 }
 
 impl JobSubmitter for FakeSubmitter {
-    fn submit(&self, job: &str, args: &[String]) -> Result<String, String> {
+    fn submit(&self, request: SubmitRequest) -> Result<String, String> {
+        let job = request.job.clone();
         self.calls
             .lock()
             .map_err(|_| "poisoned".to_string())?
-            .push((job.to_string(), args.to_vec()));
+            .push(request);
         if job != "wordcount" {
-            return Err(format!("unknown job '{job}'; built-in jobs: wordcount"));
+            return Err(format!("unknown job '{job}'"));
         }
-        let status = JobStatus::new(FAKE_JID.into(), job.into(), Vec::new());
+        let status = JobStatus::new(FAKE_JID.into(), job, Vec::new());
         status.set_state(JobState::Running);
         self.registry.register(status);
         Ok(FAKE_JID.into())
@@ -361,7 +362,7 @@ impl JobSubmitter for FakeSubmitter {
 }
 
 #[test]
-fn submit_passes_the_job_flags_verbatim_and_prints_the_job_id() {
+fn submit_sends_the_jobs_typed_parameters_and_options_as_json_and_prints_the_job_id() {
     let registry = JobRegistry::new();
     let fake = Arc::new(FakeSubmitter {
         registry: registry.clone(),
@@ -376,29 +377,54 @@ fn submit_passes_the_job_flags_verbatim_and_prints_the_job_id() {
     .expect("server starts");
     let url = format!("http://{}", srv.local_addr());
 
-    // --rest and --rest-token before the job are submit's; everything after it is the job's,
-    // even flags that submit (or the global --log) would take.
-    let job_flags = [
+    // The job's flags are parsed here by the job's own parameter type; the run options become
+    // configuration keys; --rest and --rest-token may stand before or after the job.
+    let out = cairn(&[
+        "submit",
+        "--rest",
+        &url,
+        "wordcount",
         "--generate",
         "10",
-        "--rest",
-        "127.0.0.1:1",
+        "--keys",
+        "3",
+        "--output",
+        "/x y/ü",
+        "-p",
+        "2",
+        "-D",
+        "state.checkpoints.num-retained=3",
+        "--seed",
+        "7",
         "--rest-token",
-        "x",
-        "-h",
-        "--log",
-        "debug",
-        "a b",
-    ];
-    let mut args = vec!["submit", "--rest", &url, "--rest-token", TOKEN, "wordcount"];
-    args.extend(job_flags);
-    let out = cairn(&args);
+        TOKEN,
+    ]);
     assert_eq!(out.ok().lines().last(), Some(FAKE_JID), "{out:#?}");
-    let expected: Vec<String> = job_flags.iter().map(|s| s.to_string()).collect();
+    let calls = fake.calls.lock().expect("lock").clone();
+    assert_eq!(calls.len(), 1);
+    let request = &calls[0];
+    assert_eq!(request.job, "wordcount");
+    assert_eq!(request.args, None);
+    let params = request.params.clone().unwrap_or_default();
+    assert_eq!(params["generate"], 10);
+    assert_eq!(params["keys"], 3);
+    assert_eq!(params["output"], "/x y/ü");
+    assert_eq!(params["discard"], false);
     assert_eq!(
-        *fake.calls.lock().expect("lock"),
-        [("wordcount".to_string(), expected)]
+        request
+            .config
+            .get("parallelism.default")
+            .map(String::as_str),
+        Some("2")
     );
+    assert_eq!(
+        request
+            .config
+            .get("state.checkpoints.num-retained")
+            .map(String::as_str),
+        Some("3")
+    );
+    assert_eq!(request.seed, Some(7));
 
     // The submitted job is listed and has a status.
     let out = client(&["list"], &url, Some(TOKEN));
@@ -411,19 +437,29 @@ fn submit_passes_the_job_flags_verbatim_and_prints_the_job_id() {
     let out = client(&["checkpoints", FAKE_JID], &url, Some(TOKEN));
     assert!(out.ok().contains("no completed checkpoints"), "{out:#?}");
 
-    // A refusal is the submitter's message.
+    // A refusal of the coordinator is its message, and a non-zero exit.
+    let out = client(
+        &["submit", "pipelines", "--generate", "1"],
+        &url,
+        Some(TOKEN),
+    );
+    assert_eq!(out.error_line(), "error: unknown job 'pipelines'");
+    // A job this binary does not have is refused before anything is sent.
     let out = client(&["submit", "nope", "--x"], &url, Some(TOKEN));
     assert_eq!(
         out.error_line(),
-        "error: unknown job 'nope'; built-in jobs: wordcount"
+        "error: unknown job 'nope'; jobs: wordcount, backpressure, pipelines, nexmark"
     );
-    // A misspelt option of submit is not taken for the job name.
-    let out = cairn(&["submit", "--rest", &url, "--rest-tokn", TOKEN, "wordcount"]);
+    // A parameter of another job, or a misspelt option, is clap's error (exit 2).
+    let out = cairn(&["submit", "--rest", &url, "wordcount", "--query", "q1"]);
+    assert_eq!(out.code, Some(2), "{out:#?}");
     assert!(
-        out.error_line()
-            .starts_with("error: unexpected option '--rest-tokn' for submit"),
+        out.stderr.contains("unexpected argument '--query'"),
         "{out:#?}"
     );
+    let out = cairn(&["submit", "--rest", &url, "--rest-tokn", TOKEN, "wordcount"]);
+    assert_eq!(out.code, Some(2), "{out:#?}");
+    assert!(out.stderr.contains("--rest-tokn"), "{out:#?}");
     assert_eq!(fake.calls.lock().expect("lock").len(), 2);
 }
 

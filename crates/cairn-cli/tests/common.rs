@@ -241,6 +241,30 @@ impl Watched {
         }
     }
 
+    /// Waits for a stderr line containing `needle` (log lines carry a time and level before
+    /// the message); returns the whole line. Panics as [`Watched::wait_for_line`] does.
+    pub fn wait_for_line_containing(&mut self, needle: &str, deadline: Instant) -> String {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.keep(&line);
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no line with {needle:?} in time; stderr:\n{}", self.stderr)
+                }
+                Err(RecvTimeoutError::Disconnected) => panic!(
+                    "the process ended ({:?}) without a line with {needle:?}; stderr:\n{}",
+                    self.child.wait(),
+                    self.stderr
+                ),
+            }
+        }
+    }
+
     /// The address of the REST API, read back from the line `cairn run --rest` prints once it
     /// listens; with `--rest 127.0.0.1:0` the system picks a free port, so no port is chosen
     /// beforehand that another process could take meanwhile.
@@ -289,6 +313,14 @@ impl Watched {
         let (status, stderr) = self.wait(deadline);
         assert!(status.success(), "the stopped run must succeed: {stderr}");
         (path, stderr)
+    }
+
+    /// The stderr lines read so far (without waiting for more).
+    pub fn stderr_so_far(&mut self) -> String {
+        while let Ok(line) = self.lines.try_recv() {
+            self.keep(&line);
+        }
+        self.stderr.clone()
     }
 
     /// Fails the test with the child's stderr if it has exited.

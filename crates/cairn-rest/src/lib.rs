@@ -13,7 +13,7 @@
 //! | `GET /overview` | workers, slots and job counts (`ClusterOverviewWithVersion`); resources from the [`ClusterResources`] |
 //! | `GET /config` | `{"refresh-interval","timezone-name","timezone-offset","flink-version",..}` (`DashboardConfiguration`) |
 //! | `GET /jobs` | `{"jobs":[{"id","status"}]}` (`JobIdsWithStatusOverview`) |
-//! | `POST /jobs` | body `{"job","args":[..]}` → `{"jobid"}`; 400 if refused; 501 without a [`JobSubmitter`] |
+//! | `POST /jobs` | body [`SubmitRequest`]: `{"job","params":{..}}` or `{"job","args":[..]}` → `{"jobid"}`; 400 if refused; 501 without a [`JobSubmitter`] |
 //! | `GET /jobs/overview` | `{"jobs":[{"jid","name","state","start-time",..,"tasks"}]}` (`MultipleJobsDetails`) |
 //! | `GET /jobs/{jid}` | `{"jid","name","state","start-time","end-time","duration","vertices",..}` (`JobDetailsInfo`) |
 //! | `GET /jobs/{jid}/checkpoints` | `{"counts","summary","latest","history"}`, newest first (`CheckpointingStatistics`) |
@@ -46,4 +46,4 @@ mod submit;
 pub use registry::JobRegistry;
 pub use resources::{ClusterResources, Resources};
 pub use server::{serve, serve_metrics, RestError, RestServer, SUBMIT_BODY_MAX};
-pub use submit::JobSubmitter;
+pub use submit::{JobSubmitter, SubmitRequest};

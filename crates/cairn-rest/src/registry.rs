@@ -139,8 +139,12 @@ mod tests {
     struct Fixed;
 
     impl JobSubmitter for Fixed {
-        fn submit(&self, job: &str, args: &[String]) -> Result<String, String> {
-            Ok(format!("{job}:{}", args.len()))
+        fn submit(&self, request: crate::SubmitRequest) -> Result<String, String> {
+            Ok(format!(
+                "{}:{}",
+                request.job,
+                request.args.unwrap_or_default().len()
+            ))
         }
     }
 
@@ -152,7 +156,11 @@ mod tests {
         reg.set_submitter(Arc::new(Fixed));
         let s = clone.submitter().expect("set through the other clone");
         assert_eq!(
-            s.submit("wordcount", &["-x".into()]),
+            s.submit(crate::SubmitRequest {
+                job: "wordcount".into(),
+                args: Some(vec!["-x".into()]),
+                ..Default::default()
+            }),
             Ok("wordcount:1".into())
         );
         assert!(format!("{clone:?}").contains("accepts_submissions: true"));

@@ -23,6 +23,7 @@ use tracing::{debug, error, info};
 
 use crate::body;
 use crate::registry::JobRegistry;
+use crate::submit::SubmitRequest;
 
 /// How long [`RestServer::shutdown`] lets requests in flight finish before dropping them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -35,7 +36,7 @@ const NO_SUBMITTER: &str =
     "this server does not accept job submissions (embedded mode); use 'cairn coordinator'";
 
 /// What `POST /jobs` expects, for error messages.
-const SUBMIT_SHAPE: &str = r#"expected {"job": NAME, "args": [FLAG, ...]}"#;
+const SUBMIT_SHAPE: &str = r#"expected {"job": NAME, "params": {..}} or {"job": NAME, "args": [FLAG, ...]}, with optional "config", "config_yaml", "from", "inject_failures", "inject_uid", "seed""#;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -332,15 +333,6 @@ async fn jobs_overview(State(registry): State<JobRegistry>) -> ApiResult {
     Ok(Json(json!({ "jobs": jobs })))
 }
 
-/// The body of `POST /jobs`.
-#[derive(Debug, Deserialize)]
-struct SubmitRequest {
-    /// A built-in job's name.
-    job: String,
-    /// Its `cairn run`-style flags.
-    args: Vec<String>,
-}
-
 async fn submit_job(
     State(registry): State<JobRegistry>,
     body: Result<Bytes, BytesRejection>,
@@ -364,10 +356,14 @@ async fn submit_job(
     if request.job.trim().is_empty() {
         return Err(invalid(&"the job name is empty"));
     }
+    if request.params.is_some() && request.args.is_some() {
+        return Err(invalid(
+            &"give the job's \"params\" or its \"args\", not both",
+        ));
+    }
     let job = request.job.clone();
     // The submitter may block (plan, deploy): keep it off the thread that serves requests.
-    let submitted =
-        tokio::task::spawn_blocking(move || submitter.submit(&request.job, &request.args)).await;
+    let submitted = tokio::task::spawn_blocking(move || submitter.submit(request)).await;
     match submitted {
         Ok(Ok(jid)) => {
             info!("job {jid} ({job}) submitted through the REST API");

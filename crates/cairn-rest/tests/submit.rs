@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn::runtime::{JobState, JobStatus};
-use cairn_rest::{serve, JobRegistry, JobSubmitter, RestServer, SUBMIT_BODY_MAX};
+use cairn_rest::{serve, JobRegistry, JobSubmitter, RestServer, SubmitRequest, SUBMIT_BODY_MAX};
 use serde_json::{json, Value};
 
 const JID: &str = "00112233445566778899aabbccddeeff";
@@ -84,11 +84,12 @@ impl FakeSubmitter {
 }
 
 impl JobSubmitter for FakeSubmitter {
-    fn submit(&self, job: &str, args: &[String]) -> Result<String, String> {
+    fn submit(&self, request: SubmitRequest) -> Result<String, String> {
+        let job = request.job.as_str();
         self.calls
             .lock()
             .map_err(|_| "poisoned".to_string())?
-            .push((job.to_string(), args.to_vec()));
+            .push((job.to_string(), request.args.clone().unwrap_or_default()));
         if job != "wordcount" {
             return Err(format!("unknown job '{job}'; built-in jobs: wordcount"));
         }
@@ -183,7 +184,14 @@ fn malformed_submissions_are_400s_naming_the_problem() {
             "invalid job submission",
         ),
         ("{}", "missing field `job`"),
-        (r#"{"job": "wordcount"}"#, "missing field `args`"),
+        (
+            r#"{"job": "wordcount", "params": {}, "args": []}"#,
+            "not both",
+        ),
+        (
+            r#"{"job": "wordcount", "parms": {}}"#,
+            "unknown field `parms`",
+        ),
         (r#"{"args": []}"#, "missing field `job`"),
         (
             r#"{"job": 7, "args": []}"#,
@@ -202,7 +210,10 @@ fn malformed_submissions_are_400s_naming_the_problem() {
     ] {
         let r = post(addr, body);
         r.assert_error(400, part);
-        r.assert_error(400, r#"expected {"job": NAME, "args": [FLAG, ...]}"#);
+        r.assert_error(
+            400,
+            r#"expected {"job": NAME, "params": {..}} or {"job": NAME, "args": [FLAG, ...]}"#,
+        );
     }
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
 }

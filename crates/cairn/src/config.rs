@@ -224,6 +224,17 @@ pub enum ConfigError {
         /// What an acceptable value looks like.
         expected: String,
     },
+    /// A value that chooses what this build of cairn lacks (a Cargo feature of the `cairn`
+    /// crate), such as `state.backend.type: rocksdb` without the `rocksdb` feature.
+    #[error("{key}: {value} needs cairn built with the '{feature}' feature")]
+    NeedsFeature {
+        /// The key the value was given for.
+        key: String,
+        /// The value, as the error shows it.
+        value: String,
+        /// The Cargo feature it needs.
+        feature: &'static str,
+    },
     /// Individually valid settings that contradict each other (see [`JobConfig::validate`]).
     #[error("inconsistent configuration: {message}")]
     Inconsistent {
@@ -236,7 +247,9 @@ impl ConfigError {
     /// The configuration key the error is about, if it concerns a single key.
     pub fn key(&self) -> Option<&str> {
         match self {
-            ConfigError::UnknownKey { key } | ConfigError::InvalidValue { key, .. } => Some(key),
+            ConfigError::UnknownKey { key }
+            | ConfigError::InvalidValue { key, .. }
+            | ConfigError::NeedsFeature { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -813,9 +826,16 @@ impl JobConfig {
             }
             keys::UNALIGNED_ENABLED | keys::UNALIGNED_ALIAS => self.unaligned_enabled = p.bool()?,
             keys::ALIGNED_CHECKPOINT_TIMEOUT => self.aligned_checkpoint_timeout = p.duration()?,
-            keys::STATE_BACKEND => self.state_backend = p.parse_enum("hashmap or rocksdb")?,
+            keys::STATE_BACKEND => {
+                let kind: StateBackendKind = p.parse_enum("hashmap or rocksdb")?;
+                if kind == StateBackendKind::RocksDb {
+                    needs_feature(key, kind.as_str(), "rocksdb", cfg!(feature = "rocksdb"))?;
+                }
+                self.state_backend = kind;
+            }
             keys::CHECKPOINTS_DIR => match p.s3_url()? {
                 Some(url) => {
+                    needs_feature(key, &url.to_string(), "s3", cfg!(feature = "s3"))?;
                     self.checkpoints_s3 = Some(url);
                     self.checkpoints_dir = None;
                 }
@@ -930,8 +950,26 @@ impl JobConfig {
     /// fix them later): call once after all overlays are applied.
     ///
     /// Checks `parallelism.default <= pipeline.max-parallelism` and, for exponential-delay,
-    /// `initial-backoff <= max-backoff`.
+    /// `initial-backoff <= max-backoff`; and, as [`JobConfig::set`] does, that the state backend
+    /// and the checkpoint storage are in this build (the `rocksdb` and `s3` features).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // What `set` refuses, in a configuration built in code.
+        if self.state_backend == StateBackendKind::RocksDb {
+            needs_feature(
+                keys::STATE_BACKEND,
+                self.state_backend.as_str(),
+                "rocksdb",
+                cfg!(feature = "rocksdb"),
+            )?;
+        }
+        if let Some(url) = &self.checkpoints_s3 {
+            needs_feature(
+                keys::CHECKPOINTS_DIR,
+                &url.to_string(),
+                "s3",
+                cfg!(feature = "s3"),
+            )?;
+        }
         if self.parallelism > self.max_parallelism {
             return Err(ConfigError::Inconsistent {
                 message: format!(
@@ -1125,6 +1163,23 @@ pub fn parse_memory_size(raw: &str) -> Option<u64> {
         _ => return None,
     };
     n.checked_mul(1u64 << shift)
+}
+
+/// [`ConfigError::NeedsFeature`] for `key: value` unless cairn was `built` with `feature`.
+fn needs_feature(
+    key: &str,
+    value: &str,
+    feature: &'static str,
+    built: bool,
+) -> Result<(), ConfigError> {
+    if built {
+        return Ok(());
+    }
+    Err(ConfigError::NeedsFeature {
+        key: key.to_string(),
+        value: value.to_string(),
+        feature,
+    })
 }
 
 /// Parses one value for one key, producing [`ConfigError::InvalidValue`] on failure.
@@ -1667,6 +1722,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "rocksdb")]
     fn every_top_level_key_can_be_set() {
         let mut c = JobConfig::default();
         c.set(keys::CHECKPOINT_INTERVAL, "10s").unwrap();
@@ -1719,6 +1775,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "rocksdb")]
     fn enum_spellings() {
         let mut c = JobConfig::default();
         for (text, mode) in [
@@ -1801,6 +1858,7 @@ mod tests {
     // ---- YAML ---------------------------------------------------------------------------
 
     #[test]
+    #[cfg(feature = "rocksdb")]
     fn flat_yaml() {
         let c = JobConfig::from_yaml_str(
             "# job config\n\
@@ -1828,6 +1886,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "rocksdb")]
     fn nested_and_mixed_yaml() {
         let nested = JobConfig::from_yaml_str(
             "execution:\n  checkpointing:\n    interval: 10s\n    timeout: 1min\n\
@@ -2324,6 +2383,7 @@ mod tests {
     // ---- describe / validate / misc -------------------------------------------------------
 
     #[test]
+    #[cfg(feature = "s3")]
     fn s3_checkpoint_storage_and_its_keys() {
         let mut c = JobConfig::default();
         c.set_all([
@@ -2446,6 +2506,56 @@ mod tests {
                 "{key}: {err}"
             );
         }
+    }
+
+    #[test]
+    #[cfg(not(feature = "rocksdb"))]
+    fn rocksdb_needs_its_feature() {
+        let expected = "state.backend.type: rocksdb needs cairn built with the 'rocksdb' feature";
+        let err = JobConfig::default()
+            .set(keys::STATE_BACKEND, "RocksDB")
+            .unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        assert_eq!(err.key(), Some(keys::STATE_BACKEND));
+        let err = JobConfig::from_yaml_str("state:\n  backend:\n    type: rocksdb\n").unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        // A configuration built in code is refused by validate (as every job start does).
+        let c = JobConfig {
+            state_backend: StateBackendKind::RocksDb,
+            ..JobConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().to_string(), expected);
+        // The other keys of the backend are still accepted (they do nothing on the heap).
+        let mut c = JobConfig::default();
+        c.set(keys::STATE_BACKEND, "hashmap").unwrap();
+        c.set(keys::ROCKSDB_MEMORY, "64mb").unwrap();
+        c.set(keys::ROCKSDB_LOCAL_DIR, "/tmp/r").unwrap();
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    #[cfg(not(feature = "s3"))]
+    fn s3_checkpoints_need_their_feature() {
+        let expected =
+            "state.checkpoints.dir: s3://bucket/some/prefix needs cairn built with the 's3' feature";
+        let mut c = JobConfig::default();
+        let err = c
+            .set(keys::CHECKPOINTS_DIR, "s3://bucket/some/prefix/")
+            .unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        assert_eq!(c.checkpoints_s3, None);
+        let err = JobConfig::from_yaml_str("state.checkpoints.dir: s3://bucket/some/prefix\n")
+            .unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        // A malformed location is still a malformed value first.
+        assert!(matches!(
+            c.set(keys::CHECKPOINTS_DIR, "s3://"),
+            Err(ConfigError::InvalidValue { .. })
+        ));
+        // The s3.* keys are accepted; a configuration built in code is refused by validate.
+        c.set(keys::S3_ENDPOINT, "http://127.0.0.1:9000").unwrap();
+        c.checkpoints_s3 = Some(crate::storage::S3Url::parse("s3://bucket/some/prefix").unwrap());
+        assert_eq!(c.validate().unwrap_err().to_string(), expected);
     }
 
     #[test]

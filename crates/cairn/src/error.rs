@@ -63,3 +63,10 @@ impl From<crate::storage::format::FormatError> for TaskError {
 
 /// Result of a task or user function.
 pub type TaskResult<T = ()> = Result<T, TaskError>;
+
+/// The one-line error of a choice made at run time (a configuration key and value, an input or
+/// output) that needs a Cargo feature this build of cairn lacks: `{what} needs cairn built with
+/// the '{feature}' feature`.
+pub fn needs_feature(what: &str, feature: &str) -> String {
+    format!("{what} needs cairn built with the '{feature}' feature")
+}

@@ -4,6 +4,11 @@
 //! Layers (see `ARCHITECTURE.md`): [`api`] builds job graphs; [`runtime`] runs them; [`checkpoint`]
 //! coordinates and restores snapshots; [`state`] holds keyed state; [`storage`] persists
 //! checkpoint files; [`connectors`] are sources and sinks; [`jobs`] are the built-in jobs.
+//!
+//! Cargo features, one per external system, none by default (a crate that enables none builds
+//! no C or C++): `rocksdb` (the RocksDB state backend), `kafka` (the Kafka source and sink),
+//! `postgres` (the PostgreSQL sinks), `s3` (S3 checkpoint storage); `full` enables them all.
+//! Choosing a missing one at run time is an error naming the feature.
 
 pub mod api;
 pub mod checkpoint;

@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use cairn::connectors::kafka::wire::{Marker, WireClient};
 
 use super::{run_child, stat};
-use crate::human;
+use cairn_app::human;
 
 /// Partitions of each benchmark topic.
 const PARTITIONS: i32 = 4;

@@ -12,7 +12,7 @@ use cairn::jobs::wordcount::{self, WordInput, WordOutput};
 use cairn::runtime::{run_job, RunOptions};
 
 use super::BenchArgs;
-use crate::human;
+use cairn_app::human;
 
 const TOPIC: &str = "bench-lines";
 /// Partitions of the topic: enough for every parallelism compared.

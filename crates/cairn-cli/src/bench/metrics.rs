@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::{run_child, BenchArgs};
-use crate::human;
+use cairn_app::human;
 
 pub(super) fn run(args: &BenchArgs, exe: &Path, scratch: &Path) -> Result<()> {
     let (records, keys) = (args.records(), args.keys()?);

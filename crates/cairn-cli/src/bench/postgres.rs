@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use postgres::{Client, NoTls};
 
 use super::{run_child, stat, BenchArgs};
-use crate::human;
+use cairn_app::human;
 
 /// Environment variable naming the server to benchmark against.
 pub const ENV_URL: &str = "CAIRN_BENCH_PG_URL";

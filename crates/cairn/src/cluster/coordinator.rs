@@ -2,25 +2,27 @@
 //! (the embedded job master loop with a [`ClusterExecutor`]) per submitted job.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use tracing::{info, warn};
+use serde::{Deserialize, Serialize};
+use tracing::{error, info, warn};
 
 use super::frame::{read_frame, write_frame};
 use super::protocol::{secrets_match, DeploySpec, RestoreRef, ToCoordinator, ToWorker, WireEvent};
-use super::JobFactory;
+use super::{JobFactory, JobSubmission};
 use crate::checkpoint::coordinator::TaskInfo;
 use crate::error::TaskError;
 use crate::runtime::channel::{ControlMail, MailboxHandle, RemoteMailbox};
 use crate::runtime::job::{plan, DeployRequest, Deployed, DeployedTask, Executor};
 use crate::runtime::status::JobStatus;
 use crate::runtime::task::JobEvent;
-use crate::runtime::{run_job_with, JobError, RestoreFrom, RunOptions};
+use crate::runtime::{run_job_with, InjectSpec, JobError, RestoreFrom, RunOptions};
 
 /// How to run a coordinator.
 #[derive(Clone)]
@@ -55,6 +57,8 @@ struct JobEntry {
     status: Arc<JobStatus>,
     /// (attempt, worker) pairs that confirmed a cancellation.
     cancel_acks: std::collections::HashSet<(u32, u32)>,
+    /// Answers to job checks by (attempt, worker): None if the worker can run the attempt.
+    checks: HashMap<(u32, u32), Option<String>>,
 }
 
 struct Inner {
@@ -143,26 +147,40 @@ impl Coordinator {
             .unwrap_or(0)
     }
 
-    /// Submits job `job` with `cairn run`-style flags; returns its status (the job id is in it).
-    /// `restore` resumes from a checkpoint (coordinator restart).
+    /// Submits a job; returns its status (the job id is in it). The job must be registered
+    /// with this coordinator's factory and its parameters must build; otherwise nothing is
+    /// recorded or started and the error says why in one line. `restore` resumes from a
+    /// checkpoint (coordinator restart).
     pub fn submit(
         &self,
-        job: &str,
-        args: &[String],
+        submission: JobSubmission,
         restore: Option<RestoreFrom>,
         job_id: Option<String>,
     ) -> Result<Arc<JobStatus>, String> {
-        let built = self.inner.opts.factory.build(job, args)?;
+        if !self.inner.opts.factory.has_job(&submission.job) {
+            return Err(format!("unknown job '{}'", submission.job));
+        }
+        let factory = self.inner.opts.factory.as_ref();
+        let graph = factory.build(&submission.job, &submission.params, submission.seed)?;
+        let inject = super::inject_spec(factory, &submission)?;
+        let submitted_from = match submission.from.as_deref() {
+            None => None,
+            Some("latest") => Some(RestoreFrom::Latest),
+            Some("") => {
+                return Err("--from needs a checkpoint or savepoint path, or 'latest'".into())
+            }
+            Some(p) => Some(RestoreFrom::Path(PathBuf::from(p))),
+        };
         // A resumed job continues from its latest checkpoint, or from its `--from` if it
         // completed none; a new one from its `--from`.
         let restore = match restore {
             Some(RestoreFrom::Resume { job_id, .. }) => Some(RestoreFrom::Resume {
                 job_id,
-                otherwise: built.restore.map(Box::new),
+                otherwise: submitted_from.map(Box::new),
             }),
-            other => other.or(built.restore),
+            other => other.or(submitted_from),
         };
-        let (graph, mut config) = (built.graph, built.config);
+        let mut config = submission.config.clone();
         if let Some(url) = &config.checkpoints_s3 {
             return Err(format!(
                 "state.checkpoints.dir: {url}: a coordinator keeps checkpoints in its --checkpoint-dir; S3 checkpoint storage is supported by `cairn run` (embedded)"
@@ -172,8 +190,23 @@ impl Coordinator {
         if config.checkpoint_interval.is_none() {
             config.checkpoint_interval = Some(Duration::from_secs(1));
         }
-        plan(&graph, &config).map_err(|e| e.to_string())?;
+        config.validate().map_err(|e| e.to_string())?;
+        let fingerprint = plan(&graph, &config)
+            .map_err(|e| e.to_string())?
+            .fingerprint(&graph);
+        let params = serde_json::to_string(&submission.params).map_err(|e| {
+            format!(
+                "cannot encode the parameters of job '{}': {e}",
+                submission.job
+            )
+        })?;
         let job_id = job_id.unwrap_or_else(|| format!("{:032x}", fastrand::u128(..)));
+        // Remember how to rebuild the job, so a restarted coordinator can resume it.
+        let record = JobRecord {
+            submission: submission.clone(),
+            fingerprint: fingerprint.clone(),
+        };
+        record.write(&self.inner.opts.checkpoint_dir.join(&job_id))?;
         let status = JobStatus::new(job_id.clone(), graph.name().to_string(), config.describe());
         if let Ok(mut jobs) = self.inner.jobs.lock() {
             jobs.insert(
@@ -183,31 +216,25 @@ impl Coordinator {
                     attempts: HashMap::new(),
                     status: status.clone(),
                     cancel_acks: Default::default(),
+                    checks: HashMap::new(),
                 },
             );
         }
-        // Remember how to rebuild the job, so a restarted coordinator can resume it.
-        let spec_path = self.inner.opts.checkpoint_dir.join(&job_id).join("_job");
-        let spec = serde_json_line(job, args);
-        if let Some(dir) = spec_path.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        if let Err(e) = std::fs::write(&spec_path, spec) {
-            warn!("cannot record job {job_id} in {}: {e}", spec_path.display());
-        }
         let inner = self.inner.clone();
-        let name = job.to_string();
-        let args = args.to_vec();
         let status2 = status.clone();
+        let mut executor = ClusterExecutor {
+            inner: inner.clone(),
+            job_id: job_id.clone(),
+            job: submission.job.clone(),
+            params,
+            seed: submission.seed,
+            fingerprint,
+            inject,
+            inject_uid: submission.inject.and_then(|i| i.uid_prefix),
+        };
         std::thread::Builder::new()
             .name(format!("job-{}", &job_id[..8.min(job_id.len())]))
             .spawn(move || {
-                let mut executor = ClusterExecutor {
-                    inner: inner.clone(),
-                    job_id: job_id.clone(),
-                    job: name,
-                    args,
-                };
                 let opts = RunOptions {
                     config,
                     restore,
@@ -242,7 +269,8 @@ impl Coordinator {
         Ok(status)
     }
 
-    /// Resumes the jobs recorded in the checkpoint directory that did not finish.
+    /// Resumes the jobs recorded in the checkpoint directory that did not finish. A damaged
+    /// or unreadable `_job` record is refused, with its path, and that job is not resumed.
     pub fn resume_recorded_jobs(&self) -> Vec<Arc<JobStatus>> {
         let mut out = Vec::new();
         let Ok(entries) = std::fs::read_dir(&self.inner.opts.checkpoint_dir) else {
@@ -250,50 +278,76 @@ impl Coordinator {
         };
         for e in entries.flatten() {
             let dir = e.path();
-            let spec = dir.join("_job");
-            if !spec.is_file() || dir.join("_finished").exists() {
+            if !dir.join(JOB_RECORD).is_file() || dir.join("_finished").exists() {
                 continue;
             }
             let Some(job_id) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
                 continue;
             };
-            let Some((job, args)) = std::fs::read_to_string(&spec)
-                .ok()
-                .and_then(|t| parse_json_line(&t))
-            else {
-                warn!("cannot read {}; job {job_id} not resumed", spec.display());
-                continue;
+            let record = match JobRecord::read(&dir) {
+                Ok(r) => r,
+                Err(e) => {
+                    error!("job {job_id} not resumed: {e}");
+                    continue;
+                }
             };
-            info!("resuming job {job_id} ({job}) from its latest checkpoint");
+            info!(
+                "resuming job {job_id} ({}) from its latest checkpoint",
+                record.submission.job
+            );
             let resume = RestoreFrom::Resume {
                 job_id: job_id.clone(),
                 otherwise: None,
             };
-            match self.submit(&job, &args, Some(resume), Some(job_id.clone())) {
+            match self.submit(record.submission, Some(resume), Some(job_id.clone())) {
                 Ok(s) => out.push(s),
-                Err(e) => warn!("cannot resume job {job_id}: {e}"),
+                Err(e) => error!("cannot resume job {job_id}: {e}"),
             }
         }
         out
     }
 }
 
-fn serde_json_line(job: &str, args: &[String]) -> String {
-    // A tiny, dependency-free encoding: one field per line, job first.
-    let mut s = String::new();
-    for f in std::iter::once(job).chain(args.iter().map(|a| a.as_str())) {
-        s.push_str(&f.replace('\\', "\\\\").replace('\n', "\\n"));
-        s.push('\n');
-    }
-    s
+/// The file in `<checkpoint-dir>/<job-id>/` that records how a job was submitted.
+pub const JOB_RECORD: &str = "_job";
+
+/// What `<job-id>/_job` holds: the submission, and the plan fingerprint it had.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// The job as submitted.
+    pub submission: JobSubmission,
+    /// The plan's fingerprint at submission.
+    pub fingerprint: String,
 }
 
-fn parse_json_line(text: &str) -> Option<(String, Vec<String>)> {
-    let mut fields = text
-        .lines()
-        .map(|l| l.replace("\\n", "\n").replace("\\\\", "\\"));
-    let job = fields.next()?;
-    Some((job, fields.collect()))
+impl JobRecord {
+    /// Writes `dir/_job` atomically: a temporary file, fsynced, renamed over it, the
+    /// directory fsynced; a crash leaves the old record or the new one, never a torn one.
+    pub fn write(&self, dir: &Path) -> Result<(), String> {
+        let path = dir.join(JOB_RECORD);
+        let fail = |e: std::io::Error| format!("cannot record the job in {}: {e}", path.display());
+        std::fs::create_dir_all(dir).map_err(fail)?;
+        let text = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+        let tmp = dir.join(format!(".{JOB_RECORD}.tmp"));
+        {
+            let mut file = std::fs::File::create(&tmp).map_err(fail)?;
+            file.write_all(&text).map_err(fail)?;
+            file.sync_all().map_err(fail)?;
+        }
+        std::fs::rename(&tmp, &path).map_err(fail)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(fail)
+    }
+
+    /// Reads `dir/_job`; an unreadable or damaged record is an error naming its path.
+    pub fn read(dir: &Path) -> Result<JobRecord, String> {
+        let path = dir.join(JOB_RECORD);
+        let text =
+            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        serde_json::from_slice(&text)
+            .map_err(|e| format!("damaged job record {}: {e}", path.display()))
+    }
 }
 
 fn notify_jobs_of_lost_worker(inner: &Inner, worker: u32, reason: &str) {
@@ -388,6 +442,18 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
             Ok(ToCoordinator::Event { job_id, event }) => route_event(&inner, &job_id, event),
             Ok(ToCoordinator::Metrics(snapshots)) => {
                 crate::metrics::remote().report((id, &handle.data_addr), snapshots)
+            }
+            Ok(ToCoordinator::JobChecked {
+                job_id,
+                attempt,
+                refusal,
+            }) => {
+                if let Ok(mut jobs) = inner.jobs.lock() {
+                    if let Some(j) = jobs.get_mut(&job_id) {
+                        j.checks.insert((attempt, id), refusal);
+                    }
+                    inner.jobs_changed.notify_all();
+                }
             }
             Ok(ToCoordinator::AttemptCancelled { job_id, attempt }) => {
                 if let Ok(mut jobs) = inner.jobs.lock() {
@@ -493,7 +559,71 @@ pub struct ClusterExecutor {
     inner: Arc<Inner>,
     job_id: String,
     job: String,
-    args: Vec<String>,
+    /// The parameters as JSON text.
+    params: String,
+    seed: u64,
+    fingerprint: String,
+    inject: Option<InjectSpec>,
+    inject_uid: Option<String>,
+}
+
+/// How long a deployment waits for the workers to answer a job check.
+const JOB_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl ClusterExecutor {
+    /// Asks every worker the attempt uses whether it can build the job and plans the same
+    /// graph, before anything is deployed; a refusal fails the job at once (no restart can
+    /// make a worker's binary have the job).
+    fn check_workers(&self, spec: &DeploySpec, workers: &[(u32, Writer)]) -> Result<(), TaskError> {
+        for (id, w) in workers {
+            if !send(w, &ToWorker::CheckJob(Box::new(spec.clone()))) {
+                return Err(TaskError::msg(format!("worker {id} is unreachable")));
+            }
+        }
+        let deadline = Instant::now() + JOB_CHECK_TIMEOUT;
+        let mut jobs = self.inner.jobs.lock().map_err(|_| TaskError::Cancelled)?;
+        loop {
+            let answers = jobs.get(&self.job_id).map(|j| &j.checks);
+            let mut missing = Vec::new();
+            for (id, _) in workers {
+                match answers.and_then(|a| a.get(&(spec.attempt, *id))) {
+                    Some(Some(refusal)) => return Err(TaskError::Unrecoverable(refusal.clone())),
+                    Some(None) => {}
+                    None => missing.push(*id),
+                }
+            }
+            if missing.is_empty() {
+                if let Some(j) = jobs.get_mut(&self.job_id) {
+                    j.checks.retain(|(attempt, _), _| *attempt != spec.attempt);
+                }
+                return Ok(());
+            }
+            let live: Vec<u32> = self
+                .inner
+                .workers
+                .lock()
+                .map(|w| w.keys().copied().collect())
+                .unwrap_or_default();
+            if let Some(gone) = missing.iter().find(|id| !live.contains(id)) {
+                return Err(TaskError::msg(format!(
+                    "worker {gone} was lost before it answered the job check"
+                )));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(TaskError::msg(format!(
+                    "workers {missing:?} did not answer the job check within {}s",
+                    JOB_CHECK_TIMEOUT.as_secs()
+                )));
+            }
+            jobs = self
+                .inner
+                .jobs_changed
+                .wait_timeout(jobs, (deadline - now).min(Duration::from_millis(100)))
+                .map_err(|_| TaskError::Cancelled)?
+                .0;
+        }
+    }
 }
 
 struct ClusterDeployment {
@@ -573,7 +703,11 @@ impl Executor for ClusterExecutor {
             job_id: self.job_id.clone(),
             attempt: req.attempt,
             job: self.job.clone(),
-            args: self.args.clone(),
+            params: self.params.clone(),
+            seed: self.seed,
+            fingerprint: self.fingerprint.clone(),
+            inject: self.inject,
+            inject_uid: self.inject_uid.clone(),
             checkpoint_dir: Some(self.inner.opts.checkpoint_dir.clone()),
             config_yaml: serde_norway::to_string(req.config)
                 .map_err(|e| TaskError::msg(format!("cannot encode the job configuration: {e}")))?,
@@ -586,17 +720,18 @@ impl Executor for ClusterExecutor {
                 .collect(),
             sources_stopped: req.sources_stopped,
         };
+        let writers: Vec<(u32, Writer)> = workers
+            .iter()
+            .filter(|(id, _)| used.contains(id))
+            .map(|(id, h)| (*id, h.writer.clone()))
+            .collect();
+        self.check_workers(&spec, &writers)?;
         if let Ok(mut jobs) = self.inner.jobs.lock() {
             if let Some(j) = jobs.get_mut(&self.job_id) {
                 j.events = Some(req.events.clone());
                 j.attempts.insert(req.attempt, used.clone());
             }
         }
-        let writers: Vec<(u32, Writer)> = workers
-            .iter()
-            .filter(|(id, _)| used.contains(id))
-            .map(|(id, h)| (*id, h.writer.clone()))
-            .collect();
         for (id, w) in &writers {
             if !send(w, &ToWorker::Deploy(Box::new(spec.clone()))) {
                 return Err(TaskError::msg(format!("worker {id} is unreachable")));
@@ -696,4 +831,69 @@ impl Deployed for ClusterDeployment {
     }
 
     fn join(self: Box<Self>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> JobRecord {
+        JobRecord {
+            submission: JobSubmission {
+                job: "fraud".into(),
+                params: serde_json::json!({"threshold": 500, "output": "/out"}),
+                config: crate::config::JobConfig::default(),
+                from: Some("latest".into()),
+                inject: Some(super::super::InjectRequest {
+                    count: 2,
+                    uid_prefix: None,
+                }),
+                seed: 7,
+            },
+            fingerprint: "0123456789abcdef".into(),
+        }
+    }
+
+    #[test]
+    fn a_job_record_is_written_whole_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let job_dir = dir.path().join("job-1");
+        record().write(&job_dir).unwrap();
+        let back = JobRecord::read(&job_dir).unwrap();
+        assert_eq!(back.submission.params["threshold"], 500);
+        assert_eq!(back.submission.seed, 7);
+        assert_eq!(back.fingerprint, "0123456789abcdef");
+        assert_eq!(back.submission.config, crate::config::JobConfig::default());
+        // Nothing but the record is left: the temporary file was renamed over it.
+        let names: Vec<String> = std::fs::read_dir(&job_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, [JOB_RECORD]);
+    }
+
+    #[test]
+    fn a_damaged_or_missing_job_record_is_refused_naming_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let job_dir = dir.path().join("job-1");
+        record().write(&job_dir).unwrap();
+        let path = job_dir.join(JOB_RECORD);
+        let whole = std::fs::read(&path).unwrap();
+        for damaged in [
+            &whole[..whole.len() / 2],
+            b"wordcount\n--generate\n10\n",
+            b"",
+        ] {
+            std::fs::write(&path, damaged).unwrap();
+            let e = JobRecord::read(&job_dir).unwrap_err();
+            assert!(
+                e.starts_with(&format!("damaged job record {}", path.display())),
+                "{e}"
+            );
+        }
+        std::fs::remove_file(&path).unwrap();
+        let e = JobRecord::read(&job_dir).unwrap_err();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+    }
 }

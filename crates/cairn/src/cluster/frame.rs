@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Version of the wire protocol.
-pub const PROTOCOL_VERSION: u8 = 9;
+pub const PROTOCOL_VERSION: u8 = 10;
 /// Largest frame accepted (payload plus version byte).
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 /// The first read of a frame's body asks for at most this much; later reads double it.

@@ -1,9 +1,11 @@
 //! Cluster mode: one coordinator process (job master, checkpoint coordinator) and worker
 //! processes with task slots, connected over TCP.
 //!
-//! Every process runs the same binary and builds the same job graph from a registered job name
-//! and its flags ([`JobFactory`]), so the plan — and with it task indices and channel numbers —
-//! is identical everywhere. The coordinator runs the same job master loop as embedded mode with
+//! Every process runs the same application and builds the same job graph from a registered
+//! job name and its parameters as data ([`JobSubmission`], through the app's [`JobFactory`]),
+//! so the plan — and with it task indices and channel numbers — is identical everywhere;
+//! before a deployment each worker checks that it has the job and plans the same graph (a
+//! fingerprint of the plan), and is refused otherwise. The coordinator runs the same job master loop as embedded mode with
 //! a [`coordinator::ClusterExecutor`] that deploys subtasks onto workers' slots (one subtask of
 //! every vertex per slot). Workers run them with the embedded runtime; channels between
 //! subtasks of different workers carry serialized batches over one TCP connection per worker
@@ -19,27 +21,80 @@ pub mod frame;
 pub mod protocol;
 pub mod worker;
 
+use serde::{Deserialize, Serialize};
+
 use crate::api::JobGraph;
 use crate::config::JobConfig;
-use crate::runtime::{InjectSpec, InjectTarget, RestoreFrom};
+use crate::runtime::InjectSpec;
 
-/// A job built from its name and flags.
-pub struct BuiltJob {
-    /// The job graph.
-    pub graph: JobGraph,
-    /// Its configuration.
+/// A job as submitted to a coordinator: which registered job, with which parameters, and how
+/// to run it. Plain data (the coordinator records it in `<job-id>/_job` and every worker builds
+/// the same graph from it), never command-line words.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobSubmission {
+    /// The registered job's name.
+    pub job: String,
+    /// Its parameters, as the job's parameter type serializes them.
+    pub params: serde_json::Value,
+    /// Its configuration (the coordinator sets the checkpoint directory).
     pub config: JobConfig,
-    /// Failures to inject (`--inject-failures`); in a cluster each worker plans them over its
-    /// own subtasks and progress.
-    pub inject: Option<InjectSpec>,
-    /// Which tasks failures go to.
-    pub inject_target: InjectTarget,
-    /// What to start from (`--from PATH|latest`), if anything.
-    pub restore: Option<RestoreFrom>,
+    /// Where to start from: a checkpoint or savepoint path, or `latest`.
+    #[serde(default)]
+    pub from: Option<String>,
+    /// Failures to inject (`--inject-failures`).
+    #[serde(default)]
+    pub inject: Option<InjectRequest>,
+    /// The run's seed: of injected failures, and of jobs that generate their data.
+    #[serde(default)]
+    pub seed: u64,
 }
 
-/// Builds a job by name from `cairn run`-style flags, in every process of a cluster.
+/// `--inject-failures N [--inject-uid PREFIX]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InjectRequest {
+    /// Number of failures.
+    pub count: usize,
+    /// Only into tasks whose head operator uid starts with this.
+    #[serde(default)]
+    pub uid_prefix: Option<String>,
+}
+
+/// Builds registered jobs by name from their parameters, in every process of a cluster. The
+/// app layer implements it over the jobs it registered; nothing below it knows which exist.
 pub trait JobFactory: Send + Sync + 'static {
-    /// The job, or a one-line error for the user.
-    fn build(&self, job: &str, args: &[String]) -> Result<BuiltJob, String>;
+    /// Whether job `job` is registered.
+    fn has_job(&self, job: &str) -> bool;
+    /// Builds job `job` from its parameters and the run's seed, or says in one line why not
+    /// (an unknown job, parameters that do not validate).
+    fn build(&self, job: &str, params: &serde_json::Value, seed: u64) -> Result<JobGraph, String>;
+    /// How many records the job's sources read in a run without failures, if the job knows
+    /// (failures are planned among them); asked only when failures are to be injected.
+    fn source_records(
+        &self,
+        job: &str,
+        params: &serde_json::Value,
+        seed: u64,
+    ) -> Result<Option<u64>, String>;
+}
+
+/// The failures a submission asks for, planned among the job's source records.
+pub(crate) fn inject_spec(
+    factory: &dyn JobFactory,
+    submission: &JobSubmission,
+) -> Result<Option<InjectSpec>, String> {
+    let Some(request) = &submission.inject else {
+        return Ok(None);
+    };
+    let records = factory.source_records(&submission.job, &submission.params, submission.seed)?;
+    let Some(expected_records) = records else {
+        return Err(format!(
+            "--inject-failures plans failures among a known number of records, and job '{}' does not say how many its sources read with these parameters",
+            submission.job
+        ));
+    };
+    Ok(Some(InjectSpec {
+        count: request.count,
+        seed: submission.seed,
+        expected_records,
+    }))
 }

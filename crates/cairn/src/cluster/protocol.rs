@@ -30,6 +30,15 @@ pub enum ToCoordinator {
         /// The event.
         event: WireEvent,
     },
+    /// The answer to [`ToWorker::CheckJob`]: None if this worker builds the same plan.
+    JobChecked {
+        /// Job id.
+        job_id: String,
+        /// Attempt.
+        attempt: u32,
+        /// Why this worker cannot run the job (it does not have it, or plans another graph).
+        refusal: Option<String>,
+    },
     /// Every subtask of the attempt stopped.
     AttemptCancelled {
         /// Job id.
@@ -145,8 +154,17 @@ pub struct DeploySpec {
     pub attempt: u32,
     /// Registered job name.
     pub job: String,
-    /// Job flags (as for `cairn run`).
-    pub args: Vec<String>,
+    /// The job's parameters as JSON text (postcard cannot carry a JSON value).
+    pub params: String,
+    /// The run's seed.
+    pub seed: u64,
+    /// The plan's fingerprint as the coordinator computed it; a worker that plans another
+    /// refuses the deployment.
+    pub fingerprint: String,
+    /// Failures to inject (each worker plans them over its own subtasks).
+    pub inject: Option<crate::runtime::InjectSpec>,
+    /// Only into tasks whose head operator uid starts with this.
+    pub inject_uid: Option<String>,
     /// Checkpoint directory.
     pub checkpoint_dir: Option<PathBuf>,
     /// The job's effective configuration as YAML, as the job master runs it (workers must not
@@ -181,6 +199,9 @@ pub enum ToWorker {
     },
     /// Run subtasks of an attempt.
     Deploy(Box<DeploySpec>),
+    /// Before a deployment: can the worker build this job, and does it plan the same graph?
+    /// Answered by [`ToCoordinator::JobChecked`]; nothing is started.
+    CheckJob(Box<DeploySpec>),
     /// Control mail for a subtask.
     Mail {
         /// Job id.

@@ -23,6 +23,7 @@ use crate::runtime::channel::{
 };
 use crate::runtime::inject::FailureInjector;
 use crate::runtime::job::{deploy, plan, DataLinks, DeployRequest, Deployment, Placement};
+use crate::runtime::plan::Plan;
 use crate::runtime::task::{JobEvent, JobMetrics};
 use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
 
@@ -443,37 +444,82 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
     let _ = reader.shutdown(Shutdown::Both);
 }
 
-fn deploy_attempt(
-    spec: DeploySpec,
+/// Why a deployment did not start.
+enum DeployError {
+    /// This worker cannot run the job as submitted (it does not have it, its parameters do
+    /// not build here, or it plans another graph): no restart can fix that.
+    Refused(String),
+    /// Anything else (a checkpoint that cannot be read, a thread that cannot start).
+    Failed(String),
+}
+
+impl From<String> for DeployError {
+    fn from(e: String) -> Self {
+        DeployError::Failed(e)
+    }
+}
+
+/// Builds the job of a deployment (or of a check) with this worker's factory and plans it,
+/// refusing a job this binary does not have and a plan whose fingerprint differs from the
+/// coordinator's. Starts nothing.
+fn build_checked(
+    spec: &DeploySpec,
     worker_id: u32,
     opts: &WorkerOptions,
-    attempts: &Arc<Attempts>,
-    control: &Writer,
-) -> Result<(), String> {
-    let built = opts.factory.build(&spec.job, &spec.args)?;
-    let graph = built.graph;
+) -> Result<(crate::api::JobGraph, crate::config::JobConfig, Plan), String> {
+    if !opts.factory.has_job(&spec.job) {
+        return Err(format!(
+            "worker {worker_id} has no job '{}': every worker must run a binary that registers the coordinator's jobs",
+            spec.job
+        ));
+    }
+    let params: serde_json::Value = serde_json::from_str(&spec.params)
+        .map_err(|e| format!("the parameters of job '{}' do not decode: {e}", spec.job))?;
+    let graph = opts
+        .factory
+        .build(&spec.job, &params, spec.seed)
+        .map_err(|e| format!("worker {worker_id} cannot build job '{}': {e}", spec.job))?;
     let mut config: crate::config::JobConfig = serde_norway::from_str(&spec.config_yaml)
         .map_err(|e| format!("cannot decode the job configuration: {e}"))?;
     if spec.checkpoint_dir.is_some() {
         config.checkpoints_dir = spec.checkpoint_dir.clone();
     }
     let plan = plan(&graph, &config).map_err(|e| e.to_string())?;
-    if plan.total_tasks() != spec.assignment.len() {
+    let fingerprint = plan.fingerprint(&graph);
+    if fingerprint != spec.fingerprint {
         return Err(format!(
+            "worker {worker_id} builds a different graph for job '{}' (plan fingerprint {fingerprint}, the coordinator's {}): every worker must run the same binary as the coordinator",
+            spec.job, spec.fingerprint
+        ));
+    }
+    Ok((graph, config, plan))
+}
+
+fn deploy_attempt(
+    spec: DeploySpec,
+    worker_id: u32,
+    opts: &WorkerOptions,
+    attempts: &Arc<Attempts>,
+    control: &Writer,
+) -> Result<(), DeployError> {
+    let (graph, config, plan) =
+        build_checked(&spec, worker_id, opts).map_err(DeployError::Refused)?;
+    if plan.total_tasks() != spec.assignment.len() {
+        return Err(DeployError::Refused(format!(
             "job '{}' plans {} subtasks here but the coordinator assigned {}; are all processes running the same binary?",
             spec.job,
             plan.total_tasks(),
             spec.assignment.len()
-        ));
+        )));
     }
     // Deployment indexes per-task vectors by these: a mask of another length would panic there.
     if spec.deploy_mask.len() != spec.assignment.len() {
-        return Err(format!(
+        return Err(DeployError::Refused(format!(
             "deployment of job '{}' masks {} subtasks but assigns {}",
             spec.job,
             spec.deploy_mask.len(),
             spec.assignment.len()
-        ));
+        )));
     }
     let storage: Arc<dyn CheckpointStorage> = match &config.checkpoints_dir {
         Some(dir) => Arc::new(FsStorage::open(dir).map_err(|e| e.to_string())?),
@@ -568,9 +614,9 @@ fn deploy_attempt(
                     w.dedup();
                     w.len().max(1) as u64
                 };
-                let injector = built.inject.map(|s| {
+                let injector = spec.inject.map(|s| {
                     let candidates =
-                        plan.vertices_with_head_prefix(&graph, built.inject_target.0.as_deref());
+                        plan.vertices_with_head_prefix(&graph, spec.inject_uid.as_deref());
                     Arc::new(FailureInjector::among(
                         candidates,
                         s.count,
@@ -777,7 +823,13 @@ fn session(
                     .map(|(t, _)| t)
                     .collect();
                 if let Err(e) = deploy_attempt(spec, worker_id, opts, attempts, &writer) {
-                    warn!("cannot deploy attempt {attempt} of job {job_id}: {e}");
+                    let error = match e {
+                        DeployError::Refused(e) => WireTaskError::Unrecoverable(e),
+                        DeployError::Failed(e) => {
+                            WireTaskError::Failed(format!("worker {worker_id} cannot deploy: {e}"))
+                        }
+                    };
+                    warn!("cannot deploy attempt {attempt} of job {job_id}: {error:?}");
                     for task in assigned {
                         let _ = send(
                             &writer,
@@ -786,13 +838,25 @@ fn session(
                                 event: WireEvent::Exited {
                                     attempt,
                                     task,
-                                    error: Some(WireTaskError::Failed(format!(
-                                        "worker {worker_id} cannot deploy: {e}"
-                                    ))),
+                                    error: Some(error.clone()),
                                 },
                             },
                         );
                     }
+                }
+            }
+            ToWorker::CheckJob(spec) => {
+                let refusal = build_checked(&spec, worker_id, opts).err();
+                if let Some(why) = &refusal {
+                    warn!("refusing job {}: {why}", spec.job_id);
+                }
+                let answer = ToCoordinator::JobChecked {
+                    job_id: spec.job_id.clone(),
+                    attempt: spec.attempt,
+                    refusal,
+                };
+                if !send(&writer, &answer) {
+                    break Err(SessionEnd::Lost("cannot answer a job check".into()));
                 }
             }
             ToWorker::Mail {
@@ -890,7 +954,11 @@ mod tests {
                 job_id: "j".into(),
                 attempt: 0,
                 job: "test".into(),
-                args: Vec::new(),
+                params: "null".into(),
+                seed: 0,
+                fingerprint: String::new(),
+                inject: None,
+                inject_uid: None,
                 checkpoint_dir: None,
                 config_yaml: String::new(),
                 restore: None,

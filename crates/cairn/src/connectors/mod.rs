@@ -1,4 +1,6 @@
-//! Sources and sinks.
+//! Sources and sinks. Those of external systems are Cargo features: `kafka` (the Kafka source
+//! and sink) and `postgres` (the PostgreSQL sinks); their configuration types are in every
+//! build.
 //!
 //! Sources are replayable: their read positions are operator state (R15). The file sink is a
 //! two-phase-commit participant (R16): in-progress → pending at pre-commit → committed by
@@ -22,7 +24,9 @@ pub use nexmark::{
     Auction, Bid, EventKind, NexmarkEvent, NexmarkGenerator, NexmarkSource, Person, BASE_TIME_MS,
     DEFAULT_RATE,
 };
-pub use postgres::{PgMode, PostgresSink};
+pub use postgres::PgMode;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresSink;
 pub use rate::RateLimited;
 pub use sequence::SequenceSource;
 pub use simple_sinks::{DiscardSink, PrintSink};

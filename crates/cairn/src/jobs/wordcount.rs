@@ -7,12 +7,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::api::{Collector, JobGraph, KeyedProcessFunction, StreamEnv};
-use crate::connectors::kafka::{KafkaEncoder, KafkaSink, KafkaSinkConfig};
-use crate::connectors::kafka::{KafkaSource, KafkaSourceConfig};
+use crate::api::{Collector, DataStream, JobGraph, KeyedProcessFunction, StreamEnv};
+use crate::connectors::kafka::{KafkaEncoder, KafkaSinkConfig, KafkaSourceConfig};
 use crate::connectors::{
-    DiscardSink, Encoder, FileSink, FileSource, GeneratorSource, PgMode, PostgresSink, PrintSink,
-    RateLimited, Word,
+    DiscardSink, Encoder, FileSink, FileSource, GeneratorSource, PgMode, PrintSink, RateLimited,
+    Word,
 };
 use crate::error::TaskResult;
 use crate::state::{KeyedContext, ValueState};
@@ -24,7 +23,8 @@ pub enum WordInput {
     File(PathBuf),
     /// `count` generated words over `keys` distinct ones.
     Generate { count: u64, keys: u64 },
-    /// Lines of words, the values of Kafka records (their offsets are the source's state).
+    /// Lines of words, the values of Kafka records (their offsets are the source's state); needs
+    /// the `kafka` feature.
     Kafka(KafkaSourceConfig),
 }
 
@@ -37,7 +37,8 @@ pub enum WordOutput {
     Discard,
     /// Standard output.
     Print,
-    /// A PostgreSQL table (wordcount only): `(word, count)` rows, written the way `mode` says.
+    /// A PostgreSQL table (wordcount only): `(word, count)` rows, written the way `mode` says;
+    /// needs the `postgres` feature.
     Postgres {
         /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE`.
         url: String,
@@ -46,7 +47,8 @@ pub enum WordOutput {
         /// 2pc, upsert or wal.
         mode: PgMode,
     },
-    /// A Kafka topic: one record per update, key the word, value `WORD<TAB>COUNT`.
+    /// A Kafka topic: one record per update, key the word, value `WORD<TAB>COUNT`; needs the
+    /// `kafka` feature.
     Kafka(KafkaSinkConfig),
 }
 
@@ -116,8 +118,7 @@ pub fn build(input: &WordInput, rate: u64, output: &WordOutput) -> Result<JobGra
             })
             .uid("split")
             .name("split"),
-        WordInput::Kafka(config) => env
-            .source(RateLimited::new(KafkaSource::lines(config.clone()), rate))
+        WordInput::Kafka(config) => kafka_lines(&env, config, rate)?
             .uid("source")
             .name("kafka-source")
             .flat_map(|line: String, out: &mut Collector<Word>| {
@@ -142,13 +143,123 @@ pub fn build(input: &WordInput, rate: u64, output: &WordOutput) -> Result<JobGra
         WordOutput::Dir(dir) => counts.sink(FileSink::new(dir, encoder)).name("file-sink"),
         WordOutput::Discard => counts.sink(DiscardSink).name("discard"),
         WordOutput::Print => counts.sink(PrintSink::new(encoder)).name("print"),
-        WordOutput::Postgres { url, table, mode } => counts
-            .sink(PostgresSink::new(url, table, *mode)?)
-            .name("postgres-sink"),
-        WordOutput::Kafka(config) => counts
-            .sink(KafkaSink::new(config.clone(), kafka_encoder())?)
-            .name("kafka-sink"),
+        WordOutput::Postgres { url, table, mode } => {
+            to_postgres(counts, url, table, *mode)?.name("postgres-sink")
+        }
+        WordOutput::Kafka(config) => to_kafka(counts, config)?.name("kafka-sink"),
     };
     sink.uid("sink");
     env.build("wordcount")
+}
+
+/// The lines of the Kafka records, at most `rate` per second.
+#[cfg(feature = "kafka")]
+fn kafka_lines(
+    env: &StreamEnv,
+    config: &KafkaSourceConfig,
+    rate: u64,
+) -> Result<DataStream<String>, String> {
+    use crate::connectors::kafka::KafkaSource;
+    Ok(env.source(RateLimited::new(KafkaSource::lines(config.clone()), rate)))
+}
+
+/// Kafka input needs the `kafka` feature.
+#[cfg(not(feature = "kafka"))]
+fn kafka_lines(
+    _env: &StreamEnv,
+    _config: &KafkaSourceConfig,
+    _rate: u64,
+) -> Result<DataStream<String>, String> {
+    Err(crate::error::needs_feature(
+        "Kafka input (--kafka-input)",
+        "kafka",
+    ))
+}
+
+/// The counts into a Kafka topic.
+#[cfg(feature = "kafka")]
+fn to_kafka(
+    counts: DataStream<(Word, u64)>,
+    config: &KafkaSinkConfig,
+) -> Result<DataStream<()>, String> {
+    use crate::connectors::kafka::KafkaSink;
+    Ok(counts.sink(KafkaSink::new(config.clone(), kafka_encoder())?))
+}
+
+/// Kafka output needs the `kafka` feature.
+#[cfg(not(feature = "kafka"))]
+fn to_kafka(
+    _counts: DataStream<(Word, u64)>,
+    _config: &KafkaSinkConfig,
+) -> Result<DataStream<()>, String> {
+    Err(crate::error::needs_feature(
+        "Kafka output (--kafka-output)",
+        "kafka",
+    ))
+}
+
+/// The counts into a PostgreSQL table.
+#[cfg(feature = "postgres")]
+fn to_postgres(
+    counts: DataStream<(Word, u64)>,
+    url: &str,
+    table: &str,
+    mode: PgMode,
+) -> Result<DataStream<()>, String> {
+    use crate::connectors::PostgresSink;
+    Ok(counts.sink(PostgresSink::new(url, table, mode)?))
+}
+
+/// PostgreSQL output needs the `postgres` feature.
+#[cfg(not(feature = "postgres"))]
+fn to_postgres(
+    _counts: DataStream<(Word, u64)>,
+    _url: &str,
+    _table: &str,
+    _mode: PgMode,
+) -> Result<DataStream<()>, String> {
+    Err(crate::error::needs_feature(
+        "PostgreSQL output (--pg-output)",
+        "postgres",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(not(all(feature = "kafka", feature = "postgres")))]
+    use super::*;
+
+    #[test]
+    #[cfg(not(feature = "kafka"))]
+    fn kafka_needs_its_feature() {
+        let input = WordInput::Kafka(KafkaSourceConfig::new("127.0.0.1:9092", vec!["in".into()]));
+        let err = build(&input, 0, &WordOutput::Discard).err().unwrap();
+        assert_eq!(
+            err,
+            "Kafka input (--kafka-input) needs cairn built with the 'kafka' feature"
+        );
+        let input = WordInput::Generate { count: 1, keys: 1 };
+        let output = WordOutput::Kafka(KafkaSinkConfig::new("127.0.0.1:9092", "out"));
+        let err = build(&input, 0, &output).err().unwrap();
+        assert_eq!(
+            err,
+            "Kafka output (--kafka-output) needs cairn built with the 'kafka' feature"
+        );
+    }
+
+    #[test]
+    #[cfg(not(feature = "postgres"))]
+    fn postgres_needs_its_feature() {
+        let input = WordInput::Generate { count: 1, keys: 1 };
+        let output = WordOutput::Postgres {
+            url: "postgres://cairn:cairn@127.0.0.1:5432/cairn".into(),
+            table: "counts".into(),
+            mode: PgMode::Upsert,
+        };
+        let err = build(&input, 0, &output).err().unwrap();
+        assert_eq!(
+            err,
+            "PostgreSQL output (--pg-output) needs cairn built with the 'postgres' feature"
+        );
+    }
 }

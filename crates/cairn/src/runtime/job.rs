@@ -28,7 +28,7 @@ use crate::checkpoint::{
     LoadedCheckpoint,
 };
 use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig};
-use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage, S3Storage};
+use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
 
 /// Where a run starts from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -445,8 +445,10 @@ fn open_checkpoint_storage(
         return Ok((Some(Arc::new(fs)), Some(root)));
     }
     if let Some(url) = &config.checkpoints_s3 {
-        let s3 = S3Storage::open(url, &config.s3).map_err(setup)?;
-        return Ok((Some(Arc::new(s3)), None));
+        return Ok((
+            Some(crate::storage::open_s3(url, &config.s3).map_err(setup)?),
+            None,
+        ));
     }
     Ok((None, None))
 }

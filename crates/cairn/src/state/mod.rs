@@ -8,10 +8,15 @@
 //! them per key group, off the task thread.
 
 pub(crate) mod cow;
+mod disk_state;
+#[cfg(feature = "rocksdb")]
 mod disk_timers;
 pub mod keygroup;
 
 pub mod operator;
+// The RocksDB backend; without the `rocksdb` feature, uninhabited stand-ins of the same names
+// (no instance can be opened: choosing the backend is an error naming the feature).
+#[cfg_attr(not(feature = "rocksdb"), path = "rocks_disabled.rs")]
 pub mod rocks;
 pub mod timers;
 pub mod ttl;
@@ -31,9 +36,12 @@ use crate::error::{TaskError, TaskResult};
 use keygroup::{key_group_of_hash, stable_hash, KeyGroupRange, StableKey};
 
 use cow::{CowMap, Frozen};
+#[cfg(feature = "rocksdb")]
 use disk_timers::DiskTimerQueue;
 pub use operator::{OperatorListState, OperatorStateStore};
-use rocks::{DeferredDisk, DiskOutput, RocksInstance};
+#[cfg(not(feature = "rocksdb"))]
+use rocks::DiskTimerQueue;
+use rocks::{DeferredDisk, RocksInstance};
 pub use rocks::{DiskStateData, RocksDbSettings, UploadTarget};
 pub use timers::{TimeDomain, Timers};
 pub use ttl::{StateTtlConfig, TtlUpdate, TtlVisibility};
@@ -356,13 +364,8 @@ impl OperatorSnapshot {
         let Some(disk) = disk else {
             return Ok((data, None));
         };
-        match disk.finish(target)? {
-            DiskOutput::Native(handle) => Ok((data, Some(handle))),
-            DiskOutput::Canonical(tables) => {
-                data.keyed.extend(tables);
-                Ok((data, None))
-            }
-        }
+        let handle = disk.finish(target, &mut data.keyed)?;
+        Ok((data, handle))
     }
 }
 
@@ -493,7 +496,7 @@ impl<K: Key, S: StateValue> Table<K, S> {
                 return Ok(());
             };
             let kg = key_group_of_hash(stable_hash(key), max_parallelism);
-            rocks::encode_key(&mut disk.key_buf, kg, key)?;
+            disk_state::encode_key(&mut disk.key_buf, kg, key)?;
             if let Some((count, values)) = disk.appends.remove(key) {
                 disk.append_bytes -= values.len();
                 rocks.merge(&self.name, &disk.key_buf, &list_bytes(count, &values))?;
@@ -530,18 +533,17 @@ impl<K: Key, S: StateValue> Table<K, S> {
         if disk.dirty.is_empty() && disk.appends.is_empty() {
             return Ok(());
         }
-        let cf = rocks.cf(&self.name)?;
-        let mut batch = rocksdb::WriteBatch::default();
+        let mut batch = rocks.batch(&self.name)?;
         for (key, (n, values)) in disk.appends.drain() {
             let kg = key_group_of_hash(stable_hash(&key), max_parallelism);
-            rocks::encode_key(&mut disk.key_buf, kg, &key)?;
-            batch.merge_cf(cf, &disk.key_buf, list_bytes(n, &values));
+            disk_state::encode_key(&mut disk.key_buf, kg, &key)?;
+            batch.merge(&disk.key_buf, &list_bytes(n, &values));
         }
         disk.append_bytes = 0;
         let (mut bytes, mut count) = (0usize, 0usize);
         for key in disk.dirty.drain() {
             let kg = key_group_of_hash(stable_hash(&key), max_parallelism);
-            rocks::encode_key(&mut disk.key_buf, kg, &key)?;
+            disk_state::encode_key(&mut disk.key_buf, kg, &key)?;
             match self.map.get(&key) {
                 Some(value) => {
                     disk.value_buf.clear();
@@ -558,9 +560,9 @@ impl<K: Key, S: StateValue> Table<K, S> {
                     })?;
                     bytes += disk.key_buf.len() + disk.value_buf.len();
                     count += 1;
-                    batch.put_cf(cf, &disk.key_buf, &disk.value_buf);
+                    batch.put(&disk.key_buf, &disk.value_buf);
                 }
-                None => batch.delete_cf(cf, &disk.key_buf),
+                None => batch.delete(&disk.key_buf),
             }
         }
         rocks.write(batch)?;
@@ -827,7 +829,7 @@ impl<K: Key> KeyedContext<K> {
         };
         let mut queues = Vec::with_capacity(2);
         for name in [timers::EVENT_TIMERS, timers::PROCESSING_TIMERS] {
-            if let Some(was) = rocks.states.get(name) {
+            if let Some(was) = rocks.state(name) {
                 check_restorable(name, &was.serializer, was.kind, StateKind::Timers)?;
             }
             rocks.ensure_cf(&StateDescriptor {
@@ -1079,7 +1081,7 @@ impl<K: Key> KeyedContext<K> {
             Some(_) => SerializerId::postcard_ttl::<S>(),
             None => SerializerId::postcard::<S>(),
         };
-        if let Some(was) = self.rocks.as_ref().and_then(|r| r.states.get(name)) {
+        if let Some(was) = self.rocks.as_ref().and_then(|r| r.state(name)) {
             check_restorable(name, &was.serializer, was.kind, kind)?;
             check_ttl_unchanged(name, &was.serializer, ttl.is_some())?;
         }
@@ -1466,11 +1468,10 @@ fn write_entries<K: Key, S: StateValue>(
     if entries.is_empty() {
         return Ok(());
     }
-    let cf = rocks.cf(name)?;
-    let mut batch = rocksdb::WriteBatch::default();
+    let mut batch = rocks.batch(name)?;
     let mut key = Vec::new();
     for (k, v) in entries {
-        rocks::encode_key(
+        disk_state::encode_key(
             &mut key,
             key_group_of_hash(stable_hash(&k), max_parallelism),
             &k,
@@ -1480,9 +1481,9 @@ fn write_entries<K: Key, S: StateValue>(
             .unwrap_or_default();
         value = postcard::to_extend(&v, value)
             .map_err(|e| TaskError::msg(format!("cannot serialize keyed state '{name}': {e}")))?;
-        batch.put_cf(cf, &key, &value);
+        batch.put(&key, &value);
         if batch.size_in_bytes() > 4 << 20 {
-            rocks.write(std::mem::take(&mut batch))?;
+            rocks.write(std::mem::replace(&mut batch, rocks.batch(name)?))?;
         }
     }
     rocks.write(batch)
@@ -1929,6 +1930,33 @@ mod tests {
             .into_iter()
             .map(|t| (t.name.clone(), t))
             .collect()
+    }
+
+    #[test]
+    #[cfg(not(feature = "rocksdb"))]
+    fn the_rocksdb_backend_needs_its_feature() {
+        let settings = RocksDbSettings {
+            local_dir: std::env::temp_dir(),
+            memory_bytes: rocks::DEFAULT_MEMORY_BYTES,
+            incremental: true,
+            storage: Arc::new(crate::storage::MemoryStorage::new()),
+            job_id: "job".into(),
+        };
+        let mut ctx: KeyedContext<String> = KeyedContext::on_disk(
+            "count",
+            0,
+            1,
+            128,
+            Default::default(),
+            Vec::new(),
+            &settings,
+        );
+        let err = ctx.check_restored().unwrap_err();
+        assert!(matches!(err, TaskError::Unrecoverable(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "state.backend.type: rocksdb needs cairn built with the 'rocksdb' feature"
+        );
     }
 
     #[test]

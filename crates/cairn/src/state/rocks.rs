@@ -35,126 +35,17 @@ use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, FlushOptions, IteratorMode, Options,
     WriteBatch, WriteBufferManager, WriteOptions, DB,
 };
-use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
+pub use super::disk_state::{
+    shared_file_checkpoint, DiskFile, DiskFileLocation, DiskStateData, RocksDbSettings,
+    UploadTarget, DEFAULT_MEMORY_BYTES,
+};
 use super::keygroup::KeyGroupRange;
 use super::{KeyedTableData, StateDescriptor, StateKind};
 use crate::error::{TaskError, TaskResult};
 use crate::storage::format::{encode_frame, FileKind};
 use crate::storage::layout::{checkpoint_dir, shared_dir};
-use crate::storage::CheckpointStorage;
-
-/// Default memory budget of one subtask's RocksDB instance and its caches.
-pub const DEFAULT_MEMORY_BYTES: u64 = 128 << 20;
-
-/// Where and how a job's RocksDB instances live.
-#[derive(Clone)]
-pub struct RocksDbSettings {
-    /// `state.backend.rocksdb.localdir`: the parent of the instances' working directories.
-    pub local_dir: PathBuf,
-    /// `state.backend.rocksdb.memory.fixed-per-slot`: the memory budget of one instance,
-    /// its block cache, write buffers and object cache together (bytes).
-    pub memory_bytes: u64,
-    /// `state.backend.incremental`: upload only SST files not uploaded before.
-    pub incremental: bool,
-    /// The checkpoint storage restored files are downloaded from.
-    pub storage: Arc<dyn CheckpointStorage>,
-    /// This job's id: shared files under `<job>/shared/` may be referenced again.
-    pub job_id: String,
-}
-
-impl std::fmt::Debug for RocksDbSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RocksDbSettings")
-            .field("local_dir", &self.local_dir)
-            .field("memory_bytes", &self.memory_bytes)
-            .field("incremental", &self.incremental)
-            .finish()
-    }
-}
-
-impl RocksDbSettings {
-    /// The bytes of the object cache (the typed write-back caches of all tables).
-    pub fn object_cache_bytes(&self) -> u64 {
-        self.memory_bytes / 4
-    }
-}
-
-/// One file of a RocksDB checkpoint as persisted.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct DiskFile {
-    /// Its name in the instance directory (`000012.sst`, `MANIFEST-000005`, ...).
-    pub name: String,
-    /// Where it is: a path in the checkpoint storage (framed as a shared state file), or
-    /// its bytes inline (small metadata files).
-    pub location: DiskFileLocation,
-}
-
-/// Where a [`DiskFile`] is.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub enum DiskFileLocation {
-    /// A framed file in the checkpoint storage (relative to its root), of this many payload bytes.
-    Stored { path: String, size: u64 },
-    /// The file's bytes.
-    Inline(Vec<u8>),
-}
-
-/// The disk state of one operator subtask in a checkpoint: a RocksDB checkpoint's files.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct DiskStateData {
-    /// Uid of the operator.
-    pub uid: String,
-    /// The instance that wrote it (unique per opened instance).
-    pub instance: String,
-    /// First key group of the instance's range.
-    pub first_key_group: u32,
-    /// Last key group of the instance's range (inclusive).
-    pub last_key_group: u32,
-    /// Its states (one column family each).
-    pub states: Vec<StateDescriptor>,
-    /// The files of the RocksDB checkpoint.
-    pub files: Vec<DiskFile>,
-}
-
-impl DiskStateData {
-    /// Its key-group range.
-    pub fn range(&self) -> KeyGroupRange {
-        KeyGroupRange {
-            start: self.first_key_group,
-            end: self.last_key_group,
-        }
-    }
-
-    /// The shared files (`<job>/shared/...`) it references.
-    pub fn shared_files(&self) -> impl Iterator<Item = &str> {
-        self.files.iter().filter_map(|f| match &f.location {
-            DiskFileLocation::Stored { path, .. } if is_shared_path(path) => Some(path.as_str()),
-            _ => None,
-        })
-    }
-
-    /// Bytes of its files.
-    pub fn size(&self) -> u64 {
-        self.files
-            .iter()
-            .map(|f| match &f.location {
-                DiskFileLocation::Stored { size, .. } => *size,
-                DiskFileLocation::Inline(b) => b.len() as u64,
-            })
-            .sum()
-    }
-}
-
-/// Whether a storage path is in a job's shared directory.
-fn is_shared_path(path: &str) -> bool {
-    path.split('/').nth(1) == Some(crate::storage::layout::SHARED_DIR)
-}
-
-/// The checkpoint id a shared file was uploaded for (its name starts with it).
-pub fn shared_file_checkpoint(name: &str) -> Option<u64> {
-    name.split('-').next()?.parse().ok()
-}
 
 /// Where the SST files of an instance's snapshots are, so that an incremental checkpoint
 /// references uploads of earlier checkpoints instead of uploading the files again.
@@ -193,20 +84,6 @@ enum Planned {
     Upload { path: Option<String> },
     /// Small metadata file (`MANIFEST`, `CURRENT`, `OPTIONS`): inline in the state file.
     Inline,
-}
-
-/// An encoded key: `[key group u16 BE][postcard(K)]`.
-pub(crate) fn encode_key<K: Serialize>(
-    buf: &mut Vec<u8>,
-    key_group: u32,
-    key: &K,
-) -> TaskResult<()> {
-    buf.clear();
-    buf.extend_from_slice(&(key_group as u16).to_be_bytes());
-    let out = postcard::to_extend(key, std::mem::take(buf))
-        .map_err(|e| TaskError::msg(format!("cannot encode a state key: {e}")))?;
-    *buf = out;
-    Ok(())
 }
 
 /// RocksDB's merge of list appends (every column family has it; only list state merges): a
@@ -252,7 +129,7 @@ pub(crate) struct RocksInstance {
     write: WriteOptions,
     uploads: Uploads,
     /// Kind and serializer of every column family (restored and registered).
-    pub(crate) states: BTreeMap<String, StateDescriptor>,
+    states: BTreeMap<String, StateDescriptor>,
     /// Per column family, its state's time to live in ms (0: none), which its compaction
     /// filter reads: set when the state is registered.
     ttl: StdHashMap<String, Arc<AtomicI64>>,
@@ -534,6 +411,11 @@ impl RocksInstance {
         Ok(())
     }
 
+    /// Kind and serializer of state `name`, if it has a column family (restored or registered).
+    pub(crate) fn state(&self, name: &str) -> Option<&StateDescriptor> {
+        self.states.get(name)
+    }
+
     /// Creates the column family of state `desc` if it does not exist yet.
     pub(crate) fn ensure_cf(&mut self, desc: &StateDescriptor) -> TaskResult {
         if self.db().cf_handle(&desc.name).is_none() {
@@ -605,10 +487,18 @@ impl RocksInstance {
         }
     }
 
+    /// An empty batch of writes to column family `cf`.
+    pub(crate) fn batch(&self, cf: &str) -> TaskResult<Batch<'_>> {
+        Ok(Batch {
+            cf: self.cf(cf)?,
+            batch: WriteBatch::default(),
+        })
+    }
+
     /// Writes a batch (without the write-ahead log).
-    pub(crate) fn write(&self, batch: WriteBatch) -> TaskResult {
+    pub(crate) fn write(&self, batch: Batch<'_>) -> TaskResult {
         self.db()
-            .write_opt(batch, &self.write)
+            .write_opt(batch.batch, &self.write)
             .map_err(|e| rocks_err("cannot write state", e))
     }
 
@@ -733,6 +623,34 @@ impl RocksInstance {
     }
 }
 
+/// Writes to one column family of an instance, applied together by [`RocksInstance::write`].
+pub(crate) struct Batch<'a> {
+    cf: &'a rocksdb::ColumnFamily,
+    batch: WriteBatch,
+}
+
+impl Batch<'_> {
+    /// Sets `key` to `value`.
+    pub(crate) fn put(&mut self, key: &[u8], value: &[u8]) {
+        self.batch.put_cf(self.cf, key, value);
+    }
+
+    /// Merges `value` into `key` (list state: appends).
+    pub(crate) fn merge(&mut self, key: &[u8], value: &[u8]) {
+        self.batch.merge_cf(self.cf, key, value);
+    }
+
+    /// Deletes `key`.
+    pub(crate) fn delete(&mut self, key: &[u8]) {
+        self.batch.delete_cf(self.cf, key);
+    }
+
+    /// The bytes of the writes so far.
+    pub(crate) fn size_in_bytes(&self) -> usize {
+        self.batch.size_in_bytes()
+    }
+}
+
 impl Drop for RocksInstance {
     fn drop(&mut self) {
         self.db = None;
@@ -767,37 +685,26 @@ pub(crate) enum DeferredDisk {
     Canonical(LocalCheckpoint),
 }
 
-/// Where the asynchronous part of a snapshot writes.
-pub struct UploadTarget<'a> {
-    /// The checkpoint storage.
-    pub storage: &'a dyn CheckpointStorage,
-    /// The job's id.
-    pub job_id: &'a str,
-    /// The checkpoint's id.
-    pub checkpoint_id: u64,
-    /// The task's state file name (private files are named after it).
-    pub file: &'a str,
-}
-
-/// What the asynchronous part of a disk snapshot produced.
-pub(crate) enum DiskOutput {
-    /// Native files.
-    Native(DiskStateData),
-    /// Tables in the backend-independent format.
-    Canonical(Vec<KeyedTableData>),
-}
-
 impl DeferredDisk {
-    /// Runs the asynchronous part; the local checkpoint directory is removed afterwards.
-    pub(crate) fn finish(self, target: &UploadTarget<'_>) -> TaskResult<DiskOutput> {
+    /// Runs the asynchronous part: a checkpoint uploads the files and returns their handle; a
+    /// savepoint adds its tables in the backend-independent format to `keyed` (None). The
+    /// local checkpoint directory is removed afterwards.
+    pub(crate) fn finish(
+        self,
+        target: &UploadTarget<'_>,
+        keyed: &mut Vec<KeyedTableData>,
+    ) -> TaskResult<Option<DiskStateData>> {
         let (snap, canonical) = match self {
             DeferredDisk::Native(s) => (s, false),
             DeferredDisk::Canonical(s) => (s, true),
         };
         let result = if canonical {
-            snap.canonical().map(DiskOutput::Canonical)
+            snap.canonical().map(|tables| {
+                keyed.extend(tables);
+                None
+            })
         } else {
-            snap.upload(target).map(DiskOutput::Native)
+            snap.upload(target).map(Some)
         };
         if let Err(e) = std::fs::remove_dir_all(&snap.local) {
             warn!("cannot remove {}: {e}", snap.local.display());
@@ -953,7 +860,7 @@ mod tests {
     use crate::state::{
         KeyedContext, OperatorStateData, RestoredState, StateTtlConfig, TimeDomain,
     };
-    use crate::storage::MemoryStorage;
+    use crate::storage::{CheckpointStorage, MemoryStorage};
 
     const JOB: &str = "job";
     const MP: u32 = 128;

@@ -15,8 +15,9 @@
 //! Every file is framed by [`format`](mod@format) (magic, kind, version, length, CRC32),
 //! so a torn or corrupt file is never read as state.
 //!
-//! Implementations: [`FsStorage`] (a local or mounted directory), [`S3Storage`] (an S3
-//! bucket, `s3://bucket/prefix`) and [`MemoryStorage`] (in memory, for tests).
+//! Implementations: [`FsStorage`] (a local or mounted directory), `S3Storage` (an S3
+//! bucket, `s3://bucket/prefix`; the `s3` feature, see [`open_s3`]) and [`MemoryStorage`] (in
+//! memory, for tests).
 //!
 //! Paths are relative and `/`-separated. Absolute paths, empty components
 //! (`a//b`, a trailing `/`), `.` and `..` components, and components holding
@@ -34,11 +35,35 @@ pub mod format;
 mod fs;
 pub mod layout;
 mod memory;
+#[cfg(feature = "s3")]
 mod s3;
+mod s3_url;
 
 pub use fs::FsStorage;
 pub use memory::MemoryStorage;
-pub use s3::{S3Settings, S3Storage, S3Url};
+#[cfg(feature = "s3")]
+pub use s3::S3Storage;
+pub use s3_url::{S3Settings, S3Url};
+
+/// Opens the S3 checkpoint storage at `url`; in a build without the `s3` feature, an error
+/// naming it.
+pub fn open_s3(
+    url: &S3Url,
+    settings: &S3Settings,
+) -> Result<Arc<dyn CheckpointStorage>, StorageError> {
+    #[cfg(feature = "s3")]
+    {
+        Ok(Arc::new(S3Storage::open(url, settings)?))
+    }
+    #[cfg(not(feature = "s3"))]
+    {
+        let _ = settings;
+        Err(StorageError::UnusableDirectory {
+            path: url.to_string(),
+            problem: "needs cairn built with the 's3' feature".into(),
+        })
+    }
+}
 
 /// Errors of checkpoint storage operations.
 #[derive(Debug, Error)]
@@ -390,5 +415,16 @@ mod tests {
     fn arc_storage_delegates() {
         let storage: Arc<dyn CheckpointStorage> = Arc::new(MemoryStorage::new());
         exercise(&storage);
+    }
+
+    #[test]
+    #[cfg(not(feature = "s3"))]
+    fn s3_storage_needs_its_feature() {
+        let url = S3Url::parse("s3://bucket/prefix").unwrap();
+        let err = open_s3(&url, &S3Settings::default()).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "checkpoint directory s3://bucket/prefix needs cairn built with the 's3' feature"
+        );
     }
 }

@@ -98,7 +98,11 @@ pub mod seeds {
                 job_id: "job-1".into(),
                 attempt: 1,
                 job: "wordcount".into(),
-                args: vec!["--generate".into(), "1000".into()],
+                params: r#"{"generate":1000}"#.into(),
+                seed: 0,
+                fingerprint: "0123456789abcdef".into(),
+                inject: None,
+                inject_uid: None,
                 checkpoint_dir: Some(PathBuf::from("/tmp/chk")),
                 config_yaml: serde_norway::to_string(&JobConfig::default()).unwrap(),
                 restore: None,
@@ -129,6 +133,23 @@ pub mod seeds {
                 job_id: "job-1".into(),
                 attempt: 1,
             },
+            ToWorker::CheckJob(Box::new(DeploySpec {
+                job_id: "job-2".into(),
+                attempt: 0,
+                job: "wordcount".into(),
+                params: "{}".into(),
+                seed: 7,
+                fingerprint: "fedcba9876543210".into(),
+                inject: None,
+                inject_uid: None,
+                checkpoint_dir: None,
+                config_yaml: String::new(),
+                restore: None,
+                assignment: vec![0],
+                deploy_mask: vec![true],
+                workers: vec![(0, "127.0.0.1:1".into())],
+                sources_stopped: false,
+            })),
         ];
         for m in &to_worker {
             push(&|b| write_frame(b, m).unwrap());
@@ -140,6 +161,11 @@ pub mod seeds {
                 data_addr: "127.0.0.1:4000".into(),
             },
             ToCoordinator::Heartbeat,
+            ToCoordinator::JobChecked {
+                job_id: "job-2".into(),
+                attempt: 0,
+                refusal: Some("worker 1 has no job 'wordcount'".into()),
+            },
             ToCoordinator::Event {
                 job_id: "job-1".into(),
                 event: WireEvent::Ack(TaskAck {

@@ -80,85 +80,14 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
+use super::client::{check_brokers, client_config};
 use super::wire::{Marker, ProducerIdentity, WireClient, WireError};
-use super::{check_brokers, client_config};
+use super::{KafkaEncoder, KafkaGuarantee, KafkaSinkConfig};
 use crate::error::{TaskError, TaskResult};
 use crate::failpoint;
 use crate::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkOwner, SinkWriter};
 
-/// What the Kafka sink guarantees end to end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KafkaGuarantee {
-    /// Records are handed to the producer; nothing waits for them.
-    None,
-    /// Every barrier waits until all records before it are acknowledged: nothing is lost,
-    /// records after the restored checkpoint are written again.
-    AtLeastOnce,
-    /// Kafka transactions committed with the checkpoints.
-    ExactlyOnce,
-}
-
-impl std::str::FromStr for KafkaGuarantee {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(KafkaGuarantee::None),
-            "at-least-once" => Ok(KafkaGuarantee::AtLeastOnce),
-            "exactly-once" => Ok(KafkaGuarantee::ExactlyOnce),
-            other => Err(format!(
-                "unknown Kafka guarantee '{other}' (none, at-least-once, exactly-once)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for KafkaGuarantee {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            KafkaGuarantee::None => "none",
-            KafkaGuarantee::AtLeastOnce => "at-least-once",
-            KafkaGuarantee::ExactlyOnce => "exactly-once",
-        })
-    }
-}
-
-/// Where and how the Kafka sink writes.
-#[derive(Debug, Clone)]
-pub struct KafkaSinkConfig {
-    /// `HOST:PORT[,HOST:PORT...]` (librdkafka's `bootstrap.servers`).
-    pub brokers: String,
-    /// The topic written to (it must exist, or the broker must create topics on demand).
-    pub topic: String,
-    /// The guarantee.
-    pub guarantee: KafkaGuarantee,
-    /// Prefix of the transactional ids (exactly-once); None: `cairn-<job id>-<sink uid>`.
-    pub transactional_id_prefix: Option<String>,
-    /// librdkafka's `transaction.timeout.ms`: the broker aborts a transaction open longer.
-    /// It must exceed the longest time between a checkpoint's barrier and its completion,
-    /// downtime before a restore included.
-    pub transaction_timeout: Duration,
-    /// A pending transaction open for this fraction of `transaction_timeout` is named in a
-    /// warning.
-    pub timeout_warning_ratio: f64,
-    /// Bounds every wait on the broker: connect, flush, commit, wire requests.
-    pub request_timeout: Duration,
-}
-
 impl KafkaSinkConfig {
-    /// Exactly-once into `topic` on `brokers`, with a 15-minute transaction timeout (the
-    /// largest a Kafka broker accepts by default, `transaction.max.timeout.ms`).
-    pub fn new(brokers: impl Into<String>, topic: impl Into<String>) -> Self {
-        KafkaSinkConfig {
-            brokers: brokers.into(),
-            topic: topic.into(),
-            guarantee: KafkaGuarantee::ExactlyOnce,
-            transactional_id_prefix: None,
-            transaction_timeout: Duration::from_secs(15 * 60),
-            timeout_warning_ratio: 0.8,
-            request_timeout: Duration::from_secs(60),
-        }
-    }
-
     fn check(&self) -> Result<(), String> {
         check_brokers(&self.brokers)?;
         if self.topic.is_empty() {
@@ -189,9 +118,6 @@ impl KafkaSinkConfig {
         i32::try_from(self.transaction_timeout.as_millis()).unwrap_or(i32::MAX)
     }
 }
-
-/// Encodes a record as a Kafka key and value into the buffers given (both empty).
-pub type KafkaEncoder<T> = Arc<dyn Fn(&T, &mut Vec<u8>, &mut Vec<u8>) + Send + Sync>;
 
 /// The Kafka sink.
 pub struct KafkaSink<T> {

@@ -45,7 +45,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,6 +56,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::ClientContext;
 use serde::{Deserialize, Serialize};
 
+use super::{KafkaSourceConfig, OffsetReset, StartFrom};
 use crate::error::{TaskError, TaskResult};
 use crate::runtime::chain::{Source, SourceReader, SourceStatus};
 
@@ -94,103 +94,7 @@ pub struct KafkaMessage<'a> {
 /// Turns a Kafka record into a stream record (None: skip it; its offset still counts as read).
 pub type KafkaDeserializer<T> = Arc<dyn Fn(&KafkaMessage<'_>) -> Option<T> + Send + Sync>;
 
-/// Where a partition without a committed offset starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OffsetReset {
-    /// At its earliest offset.
-    Earliest,
-    /// At its end (only records written from now on).
-    Latest,
-}
-
-/// Where a fresh start begins reading (a restore always resumes at its offsets).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartFrom {
-    /// Every partition's earliest offset.
-    Earliest,
-    /// Every partition's end: only records written from now on.
-    Latest,
-    /// The consumer group's committed offsets; partitions without one start as given.
-    Committed(OffsetReset),
-    /// The first record whose timestamp is at or after this many ms since the epoch (the end
-    /// of a partition that has none).
-    Timestamp(i64),
-}
-
-impl FromStr for StartFrom {
-    type Err = String;
-
-    /// `earliest`, `latest`, `committed` (else earliest), `committed-or-earliest`,
-    /// `committed-or-latest`, `timestamp:MILLIS`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "earliest" => Ok(StartFrom::Earliest),
-            "latest" => Ok(StartFrom::Latest),
-            "committed" | "committed-or-earliest" => {
-                Ok(StartFrom::Committed(OffsetReset::Earliest))
-            }
-            "committed-or-latest" => Ok(StartFrom::Committed(OffsetReset::Latest)),
-            other => match other.strip_prefix("timestamp:").map(str::parse::<i64>) {
-                Some(Ok(ms)) if ms >= 0 => Ok(StartFrom::Timestamp(ms)),
-                _ => Err(format!(
-                    "'{other}' is not a start position: earliest, latest, committed, \
-                     committed-or-earliest, committed-or-latest or timestamp:MILLIS"
-                )),
-            },
-        }
-    }
-}
-
-impl fmt::Display for StartFrom {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StartFrom::Earliest => f.write_str("earliest"),
-            StartFrom::Latest => f.write_str("latest"),
-            StartFrom::Committed(OffsetReset::Earliest) => f.write_str("committed-or-earliest"),
-            StartFrom::Committed(OffsetReset::Latest) => f.write_str("committed-or-latest"),
-            StartFrom::Timestamp(ms) => write!(f, "timestamp:{ms}"),
-        }
-    }
-}
-
-/// What a Kafka source reads and how.
-#[derive(Debug, Clone)]
-pub struct KafkaSourceConfig {
-    /// `bootstrap.servers`: `HOST:PORT[,HOST:PORT...]`.
-    pub brokers: String,
-    /// The topics (at least one); their partitions are the splits.
-    pub topics: Vec<String>,
-    /// The consumer group completed checkpoints' offsets are committed to (and a start from
-    /// committed offsets reads). None: nothing is committed.
-    pub group_id: Option<String>,
-    /// Where a fresh start begins.
-    pub start: StartFrom,
-    /// Stop at the end offsets the partitions had at the fresh start.
-    pub bounded: bool,
-    /// How often to look for new partitions (None: never).
-    pub discovery_interval: Option<Duration>,
-    /// Deadline of each metadata or offset request the source makes itself.
-    pub request_timeout: Duration,
-    /// More librdkafka settings (`security.protocol`, `fetch.max.bytes`, ...), applied last.
-    pub properties: Vec<(String, String)>,
-}
-
 impl KafkaSourceConfig {
-    /// Reads `topics` from `brokers`: from the earliest offsets, unbounded, no group, new
-    /// partitions looked for every 5 minutes (Flink's default), 10 s per request.
-    pub fn new(brokers: impl Into<String>, topics: Vec<String>) -> Self {
-        KafkaSourceConfig {
-            brokers: brokers.into(),
-            topics,
-            group_id: None,
-            start: StartFrom::Earliest,
-            bounded: false,
-            discovery_interval: Some(Duration::from_secs(300)),
-            request_timeout: Duration::from_secs(10),
-            properties: Vec::new(),
-        }
-    }
-
     /// The topics sorted, without duplicates: their order numbers the topics (`k`).
     fn sorted_topics(&self) -> TaskResult<Vec<String>> {
         if self.brokers.trim().is_empty() {

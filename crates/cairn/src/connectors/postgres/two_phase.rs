@@ -35,7 +35,7 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::client::{is_undefined_object, Pg, Target};
-use super::FLUSH_ROWS_MAX;
+use super::sink::FLUSH_ROWS_MAX;
 use crate::connectors::file_sink::escape;
 use crate::connectors::Word;
 use crate::error::{TaskError, TaskResult};

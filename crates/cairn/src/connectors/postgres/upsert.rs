@@ -37,7 +37,7 @@ use rustc_hash::FxBuildHasher;
 use serde::{Deserialize, Serialize};
 
 use super::client::Pg;
-use super::FLUSH_ROWS_MAX;
+use super::sink::FLUSH_ROWS_MAX;
 use crate::connectors::Word;
 use crate::error::{TaskError, TaskResult};
 use crate::failpoint;

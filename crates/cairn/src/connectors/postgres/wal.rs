@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use super::client::{Pg, Target};
-use super::FLUSH_ROWS_MAX;
+use super::sink::FLUSH_ROWS_MAX;
 use crate::connectors::Word;
 use crate::error::{TaskError, TaskResult};
 use crate::failpoint;

@@ -309,10 +309,15 @@ impl MasterCore {
         }
     }
 
-    /// A failure of the whole job (the outstanding deployment failed, the event queue closed).
-    pub(crate) fn on_job_failure(&mut self, cause: String, now: Instant) {
+    /// A failure of the whole job (the outstanding deployment failed, the event queue closed);
+    /// an `unrecoverable` one (a worker refused the job) fails it at once.
+    pub(crate) fn on_job_failure(&mut self, cause: String, unrecoverable: bool, now: Instant) {
         self.deploying = None;
-        self.on_failure(Failure::job(cause), now);
+        let failure = Failure {
+            unrecoverable,
+            ..Failure::job(cause)
+        };
+        self.on_failure(failure, now);
     }
 
     /// A savepoint was requested (a stop-with-savepoint when `request.stop`): it is taken as

@@ -29,7 +29,9 @@ use super::graph::JobGraph;
 use super::job::{JobError, Progress, ProgressFn};
 use super::operators::{sink_pending, SinkOwner};
 use super::restart::RestartTracker;
-use super::status::{JobCommand, JobState, JobStatus, SavepointKind, SavepointState};
+use super::status::{
+    ExceptionView, JobCommand, JobState, JobStatus, SavepointKind, SavepointState,
+};
 use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CompletedCheckpoint, TaskInfo};
 use crate::checkpoint::{
@@ -143,8 +145,18 @@ impl<'a> JobMaster<'a> {
             }
             Err(e) => {
                 master.cancel(&(0..master.regions.len()).collect::<Vec<_>>());
+                let cause = e.to_string();
+                master.status.update(|v| {
+                    v.failure_cause = Some(cause.clone());
+                    v.exceptions.push(ExceptionView {
+                        timestamp: crate::checkpoint::now_ms(),
+                        cause: cause.clone(),
+                        kind: "job".into(),
+                        restarted: false,
+                    });
+                });
                 master.status.set_state(JobState::Failed);
-                return Err(JobError::Setup(e.to_string()));
+                return Err(JobError::Setup(cause));
             }
         }
         master.perform(now);
@@ -174,7 +186,7 @@ impl<'a> JobMaster<'a> {
                     Ok(e) => self.core.on_event(e, Instant::now()),
                     Err(_) => self
                         .core
-                        .on_job_failure("event channel closed".into(), Instant::now()),
+                        .on_job_failure("event channel closed".into(), false, Instant::now()),
                 },
                 recv(self.nudges) -> _ => {}
                 default(wake.saturating_duration_since(now)) => {}
@@ -194,7 +206,10 @@ impl<'a> JobMaster<'a> {
                     sources_stopped,
                 } => match self.redeploy(&regions, from, sources_stopped) {
                     Ok(infos) => self.core.deployed(infos, now),
-                    Err(cause) => self.core.on_job_failure(cause, now),
+                    Err(e) => {
+                        let unrecoverable = matches!(e, TaskError::Unrecoverable(_));
+                        self.core.on_job_failure(e.to_string(), unrecoverable, now)
+                    }
                 },
                 MasterAction::Cancel { regions } => self.cancel(&regions),
                 MasterAction::Message { task, message } => self.send(
@@ -259,11 +274,13 @@ impl<'a> JobMaster<'a> {
         regions: &[(usize, u32)],
         from: Option<u64>,
         sources_stopped: bool,
-    ) -> Result<Vec<TaskInfo>, String> {
+    ) -> Result<Vec<TaskInfo>, TaskError> {
         if let Some(id) = from {
             let storage = self.deployer.storage;
-            let loaded = load_checkpoint(storage.as_ref(), self.deployer.job_id, id)
-                .map_err(|e| format!("cannot read back completed checkpoint {id}: {e}"))?;
+            let loaded =
+                load_checkpoint(storage.as_ref(), self.deployer.job_id, id).map_err(|e| {
+                    TaskError::msg(format!("cannot read back completed checkpoint {id}: {e}"))
+                })?;
             self.restored = Some(loaded);
         }
         let scope: BTreeSet<usize> = regions.iter().map(|&(r, _)| r).collect();
@@ -287,9 +304,11 @@ impl<'a> JobMaster<'a> {
             self.restored.as_ref(),
             in_scope,
         )
-        .map_err(|e| e.to_string())?;
-        self.deploy(regions, sources_stopped)
-            .map_err(|e| format!("the job could not be redeployed: {e}"))
+        .map_err(|e| TaskError::msg(e.to_string()))?;
+        self.deploy(regions, sources_stopped).map_err(|e| match e {
+            TaskError::Unrecoverable(e) => TaskError::Unrecoverable(e),
+            e => TaskError::msg(format!("the job could not be redeployed: {e}")),
+        })
     }
 
     /// Deploys `regions`, each as its attempt; returns their subtasks.

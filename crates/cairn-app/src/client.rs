@@ -1,7 +1,8 @@
 //! The client of the REST API of a coordinator (or of `cairn run --rest`), over `ureq`.
 //!
-//! http and https (rustls with the Mozilla root certificates), one deadline for connecting
-//! and one for the whole answer, no proxy and no redirects. Every failure is one line: the
+//! http, and https with the `tls` feature (rustls with the Mozilla root certificates), one
+//! deadline for connecting and one for the whole answer, no proxy and no redirects. Every
+//! failure is one line: the
 //! server could not be reached, did not answer in time, wants a token, or answered with
 //! Flink's `{"errors":[..]}` (whose messages become the error).
 
@@ -176,6 +177,9 @@ impl Client {
     /// A client of the REST API at `rest` (see [`Endpoint::parse`]), sending `token` if given.
     pub fn new(rest: &str, token: Option<&str>) -> Result<Client> {
         let endpoint = Endpoint::parse(rest)?;
+        if endpoint.https && !cfg!(feature = "tls") {
+            bail!("--rest {rest}: https needs cairn-app built with the 'tls' feature");
+        }
         if let Some(t) = token {
             if t.trim().is_empty() {
                 bail!("--rest-token must not be empty");
@@ -278,6 +282,7 @@ impl Client {
                 ANSWER_MAX >> 20
             ),
             ureq::Error::Tls(why) => anyhow!("TLS with coordinator at {url} failed: {why}"),
+            #[cfg(feature = "tls")]
             ureq::Error::Rustls(e) => anyhow!("TLS with coordinator at {url} failed: {e}"),
             other => anyhow!("request to coordinator at {url} failed: {other}"),
         }

@@ -8,11 +8,14 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use cairn::cluster::coordinator::{Coordinator, CoordinatorOptions};
 use cairn::cluster::worker::{run_worker, WorkerOptions};
-use cairn::config::parse_duration;
-use cairn_rest::{ClusterResources, JobRegistry, JobSubmitter, Resources};
-use clap::Args;
+use cairn::cluster::{InjectRequest, JobSubmission};
+use cairn::config::{parse_duration, JobConfig};
+use cairn_rest::{ClusterResources, JobRegistry, JobSubmitter, Resources, SubmitRequest};
+use clap::{Args, FromArgMatches};
+use serde_json::Value;
 
-use crate::run::BuiltinJobs;
+use crate::job::Jobs;
+use crate::run::JobOptions;
 
 /// Default cluster secret: fine on one machine; set `--secret` (or CAIRN_SECRET) elsewhere.
 const DEFAULT_SECRET: &str = "cairn";
@@ -79,15 +82,73 @@ fn socket_addr(flag: &str, value: &str) -> Result<SocketAddr> {
 struct Submitter {
     coordinator: Coordinator,
     registry: JobRegistry,
+    jobs: Jobs,
 }
 
 impl JobSubmitter for Submitter {
-    fn submit(&self, job: &str, args: &[String]) -> std::result::Result<String, String> {
-        let status = self.coordinator.submit(job, args, None, None)?;
+    fn submit(&self, request: SubmitRequest) -> std::result::Result<String, String> {
+        let submission = submission(&self.jobs, request)?;
+        let status = self.coordinator.submit(submission, None, None)?;
         let jid = status.view().jid;
         self.registry.register(status);
         Ok(jid)
     }
+}
+
+/// A REST submission as the data every process of the cluster runs: the job's parameters
+/// (given as JSON, or as the job's flags, parsed here by the job's own command line), its
+/// configuration (the file's text, the flags' keys, then `config`), where it starts and the
+/// failures to inject.
+fn submission(jobs: &Jobs, request: SubmitRequest) -> std::result::Result<JobSubmission, String> {
+    let job = jobs.find(&request.job)?;
+    let (params, options) = match (request.params, request.args) {
+        (Some(_), Some(_)) => return Err("give the job's params or its args, not both".into()),
+        (Some(params), None) => (params, JobOptions::default()),
+        (None, Some(args)) => {
+            let cmd = crate::submit_job_command(job.as_ref()).no_binary_name(true);
+            let matches = cmd
+                .try_get_matches_from(&args)
+                .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())?;
+            let options = JobOptions::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+            (job.params_from(&matches)?, options)
+        }
+        (None, None) => (Value::Object(Default::default()), JobOptions::default()),
+    };
+    let yaml = match (&request.config_yaml, &options.config) {
+        (Some(text), _) => Some(text.clone()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read configuration file {}: {e}", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    let mut config = match yaml {
+        Some(text) => JobConfig::from_yaml_str(&text).map_err(|e| e.to_string())?,
+        None => JobConfig::default(),
+    };
+    let mut pairs = options.config_pairs().map_err(|e| e.to_string())?;
+    pairs.extend(request.config);
+    config.set_all(pairs).map_err(|e| e.to_string())?;
+    config.validate().map_err(|e| e.to_string())?;
+    let inject_uid = request.inject_uid.or(options.inject_uid);
+    let inject = request
+        .inject_failures
+        .or(options.inject_failures)
+        .map(|count| InjectRequest {
+            count,
+            uid_prefix: inject_uid.clone(),
+        });
+    if inject.is_none() && inject_uid.is_some() {
+        return Err("inject_uid needs inject_failures".into());
+    }
+    Ok(JobSubmission {
+        job: request.job,
+        params,
+        config,
+        from: request.from.or(options.from),
+        inject,
+        seed: request.seed.unwrap_or(options.seed),
+    })
 }
 
 /// The coordinator's live workers and their slots, for `GET /overview`.
@@ -102,7 +163,7 @@ impl ClusterResources for Workers {
     }
 }
 
-pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
+pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
     let heartbeat_timeout = duration("--heartbeat-timeout", &args.heartbeat_timeout)?;
     let slot_wait = duration("--slot-wait", &args.slot_wait)?;
     let rest_addr = socket_addr("--rest", &args.rest)?;
@@ -122,7 +183,7 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
         bind: args.bind.clone(),
         checkpoint_dir,
         secret: args.secret.clone(),
-        factory: Arc::new(BuiltinJobs),
+        factory: Arc::new(jobs.clone()),
         heartbeat_timeout,
         slot_wait,
     })
@@ -131,6 +192,7 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
     registry.set_submitter(Arc::new(Submitter {
         coordinator: coordinator.clone(),
         registry: registry.clone(),
+        jobs,
     }));
     registry.set_resources(Arc::new(Workers(coordinator.clone())));
     let server = cairn_rest::serve(rest_addr, registry.clone(), args.rest_token.clone())?;
@@ -147,7 +209,7 @@ pub fn coordinator(args: CoordinatorArgs) -> Result<()> {
     }
 }
 
-pub fn worker(args: WorkerArgs) -> Result<()> {
+pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
     if args.slots == 0 {
         bail!("--slots must be at least 1");
     }
@@ -166,7 +228,7 @@ pub fn worker(args: WorkerArgs) -> Result<()> {
         slots: args.slots,
         secret: args.secret,
         data_bind: args.data_bind,
-        factory: Arc::new(BuiltinJobs),
+        factory: Arc::new(jobs),
         heartbeat_interval,
     })
     .map_err(|e| anyhow!(e))

@@ -3,31 +3,18 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use cairn_rest::SubmitRequest;
 use clap::Args;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::client::{segment, Method, RestArgs};
 use crate::human;
+use crate::run::JobOptions;
 
 /// How long `submit` waits for the coordinator to accept a job (it may plan and deploy it
 /// before answering); other requests use [`crate::client::TIMEOUT`].
 const SUBMIT_TIMEOUT: Duration = Duration::from_secs(30);
-
-#[derive(Args, Debug)]
-pub struct SubmitArgs {
-    #[command(flatten)]
-    rest: RestArgs,
-    /// The built-in job (e.g. wordcount), then its flags as `cairn run JOB` takes them (e.g. --generate 1000 --output DIR). Everything after JOB goes to the job verbatim, so put --rest and --rest-token before it.
-    #[arg(
-        value_names = ["JOB", "FLAGS"],
-        required = true,
-        num_args = 1..,
-        trailing_var_arg = true,
-        allow_hyphen_values = true
-    )]
-    job: Vec<String>,
-}
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
@@ -43,16 +30,35 @@ pub struct JobArgs {
     rest: RestArgs,
 }
 
-/// `cairn submit JOB [FLAGS...]`: prints the new job's id (the last line of stdout).
-pub fn submit(args: SubmitArgs) -> Result<()> {
-    let client = args.rest.client()?.with_timeout(SUBMIT_TIMEOUT);
-    let Some((job, job_args)) = args.job.split_first() else {
-        bail!("submit needs a job name");
+/// `submit JOB [PARAMS] [OPTIONS]`: the job's parameters (parsed and typed here, by the job's
+/// own flags) and its options go to the coordinator as JSON, which validates and starts it;
+/// prints the new job's id (the last line of stdout).
+pub(crate) fn submit(
+    rest: &RestArgs,
+    job: &str,
+    params: Value,
+    options: &JobOptions,
+) -> Result<()> {
+    let client = rest.client()?.with_timeout(SUBMIT_TIMEOUT);
+    let config_yaml = match &options.config {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read configuration file {}", path.display()))?,
+        ),
+        None => None,
     };
-    if job.starts_with('-') {
-        bail!("unexpected option '{job}' for submit: options of submit go before the job name, the job's flags after it");
-    }
-    let body = json!({ "job": job, "args": job_args });
+    let request = SubmitRequest {
+        job: job.to_string(),
+        params: Some(params),
+        args: None,
+        config: options.config_pairs()?.into_iter().collect(),
+        config_yaml,
+        from: options.from.clone(),
+        inject_failures: options.inject_failures,
+        inject_uid: options.inject_uid.clone(),
+        seed: Some(options.seed),
+    };
+    let body = serde_json::to_value(&request)?;
     let answer = client.request(Method::Post, "/jobs", Some(&body))?;
     let Some(jid) = answer.get("jobid").and_then(Value::as_str) else {
         bail!(

@@ -1,0 +1,431 @@
+//! `run JOB`: a registered job in this process (embedded mode), and the options every run or
+//! submission of a job takes besides the job's own parameters.
+
+use std::io::{IsTerminal, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use cairn::config::{keys, JobConfig};
+use cairn::runtime::{
+    run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions, SavepointKind,
+    SavepointState,
+};
+use cairn_rest::{JobRegistry, RestServer};
+use clap::Args;
+use serde_json::Value;
+
+use crate::human;
+use crate::job::{AnyJob, JobContext};
+
+/// How to run a job, embedded or on a coordinator: what `run JOB` and `submit JOB` take
+/// besides the job's own parameters.
+#[derive(Args, Debug, Clone, Default)]
+pub struct JobOptions {
+    /// Default parallelism of every operator (parallelism.default).
+    #[arg(long, short = 'p', value_name = "N")]
+    pub parallelism: Option<u32>,
+    /// Checkpoint interval, e.g. 500ms, 10s, 1min; 0 disables checkpointing (execution.checkpointing.interval).
+    #[arg(long, value_name = "DURATION")]
+    pub checkpoint_interval: Option<String>,
+    /// Checkpointing mode: exactly-once or at-least-once (execution.checkpointing.mode).
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<String>,
+    /// Unaligned checkpoints: barriers overtake in-flight data, which is persisted (execution.checkpointing.unaligned.enabled).
+    #[arg(long)]
+    pub unaligned: bool,
+    /// Start checkpoints aligned and switch to unaligned after this long, e.g. 200ms (execution.checkpointing.aligned-checkpoint-timeout; implies --unaligned).
+    #[arg(long, value_name = "DURATION")]
+    pub aligned_checkpoint_timeout: Option<String>,
+    /// Checkpoints in flight at once (execution.checkpointing.max-concurrent-checkpoints).
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_checkpoints: Option<u32>,
+    /// Start from a checkpoint: a chk-<n> directory (or its _metadata), or `latest` under --checkpoint-dir.
+    #[arg(long, value_name = "PATH|latest")]
+    pub from: Option<String>,
+    /// YAML configuration file with Flink's keys.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Set a configuration key, e.g. -D restart-strategy.type=fixed-delay (repeatable).
+    #[arg(short = 'D', value_name = "KEY=VALUE")]
+    pub define: Vec<String>,
+    /// Inject N failures at random records of random subtasks (recovered by the restart strategy).
+    #[arg(long, value_name = "N")]
+    pub inject_failures: Option<usize>,
+    /// Inject failures only into tasks whose head operator uid starts with this.
+    #[arg(long, value_name = "UID_PREFIX", requires = "inject_failures")]
+    pub inject_uid: Option<String>,
+    /// The run's seed: of --inject-failures, and of jobs that generate their data (nexmark's events).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Start from a savepoint or checkpoint that holds state of operators this job does not have; that state is dropped (execution.state-recovery.ignore-unclaimed-state).
+    #[arg(long, requires = "from")]
+    pub allow_non_restored_state: bool,
+}
+
+/// `run JOB`: the job options and what only a run in this process takes.
+#[derive(Args, Debug, Clone, Default)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub job: JobOptions,
+    /// Checkpoint directory (state.checkpoints.dir). Enables 1s checkpoints unless an interval is set.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Write the run's summary as JSON to this file (for scripts and benchmarks).
+    #[arg(long, value_name = "FILE")]
+    pub summary_json: Option<PathBuf>,
+    /// Serve Flink's REST API (jobs, checkpoints, cancel) while the job runs: HOST:PORT, or PORT on 127.0.0.1.
+    #[arg(long, value_name = "ADDR")]
+    pub rest: Option<String>,
+    /// On Ctrl-C or SIGTERM, stop with a savepoint under DIR (a second signal cancels): sources
+    /// stop, the savepoint is taken, sinks commit everything before it, and the job ends
+    /// FINISHED; `--from` the printed path continues exactly once.
+    #[arg(long, value_name = "DIR")]
+    pub savepoint_on_exit: Option<PathBuf>,
+    /// Require `Authorization: Bearer TOKEN` on every REST request.
+    #[arg(long, value_name = "TOKEN", requires = "rest")]
+    pub rest_token: Option<String>,
+}
+
+impl JobOptions {
+    /// The configuration keys the flags and `-D` set, in the order they apply (after the
+    /// `--config` file).
+    pub fn config_pairs(&self) -> Result<Vec<(String, String)>> {
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        for d in &self.define {
+            let (k, v) = d
+                .split_once('=')
+                .filter(|(k, _)| !k.trim().is_empty())
+                .ok_or_else(|| anyhow!("-D expects KEY=VALUE, got '{d}'"))?;
+            pairs.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        if let Some(p) = self.parallelism {
+            pairs.push((keys::PARALLELISM.into(), p.to_string()));
+        }
+        if let Some(i) = &self.checkpoint_interval {
+            pairs.push((keys::CHECKPOINT_INTERVAL.into(), i.clone()));
+        }
+        if let Some(m) = &self.mode {
+            pairs.push((keys::CHECKPOINTING_MODE.into(), m.clone()));
+        }
+        if self.unaligned || self.aligned_checkpoint_timeout.is_some() {
+            pairs.push((keys::UNALIGNED_ENABLED.into(), "true".into()));
+        }
+        if let Some(t) = &self.aligned_checkpoint_timeout {
+            pairs.push((keys::ALIGNED_CHECKPOINT_TIMEOUT.into(), t.clone()));
+        }
+        if let Some(n) = self.max_concurrent_checkpoints {
+            pairs.push((keys::MAX_CONCURRENT_CHECKPOINTS.into(), n.to_string()));
+        }
+        if self.allow_non_restored_state {
+            pairs.push((keys::IGNORE_UNCLAIMED_STATE.into(), "true".into()));
+        }
+        Ok(pairs)
+    }
+
+    /// Whether a flag, `-D` or a configuration file sets the checkpoint interval.
+    fn interval_given(&self) -> bool {
+        self.checkpoint_interval.is_some()
+            || self
+                .define
+                .iter()
+                .any(|d| d.starts_with(keys::CHECKPOINT_INTERVAL))
+            || self.config.is_some()
+    }
+}
+
+/// Builds the configuration: defaults, then the file, then -D, then the dedicated flags.
+pub fn build_config(options: &JobOptions, checkpoint_dir: Option<&Path>) -> Result<JobConfig> {
+    let mut config = match &options.config {
+        Some(path) => JobConfig::from_file(path)?,
+        None => JobConfig::default(),
+    };
+    let mut pairs = options.config_pairs()?;
+    if let Some(d) = checkpoint_dir {
+        pairs.push((keys::CHECKPOINTS_DIR.into(), d.display().to_string()));
+    }
+    config.set_all(pairs)?;
+    // `--checkpoint-dir` alone means "checkpoint there": every 1s, unless an interval is set by
+    // a flag, by -D, or by a configuration file (which is then authoritative, as in Flink).
+    if checkpoint_dir.is_some() && !options.interval_given() {
+        config.set(keys::CHECKPOINT_INTERVAL, "1s")?;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn progress_line(p: &Progress) {
+    let secs = p.elapsed.as_secs_f64().max(1e-9);
+    let mut line = format!(
+        "{} records ({}/s), {} checkpoints",
+        human::count(p.records as f64),
+        human::count(p.records as f64 / secs),
+        p.checkpoints
+    );
+    if let Some((id, ms, size)) = p.last_checkpoint {
+        line.push_str(&format!(" (last #{id}: {ms} ms, {})", human::bytes(size)));
+    }
+    if p.restarts > 0 {
+        line.push_str(&format!(", {} restarts", p.restarts));
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = write!(err, "\r\x1b[2K{line}");
+    let _ = err.flush();
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn summary_line(s: &JobSummary) -> String {
+    let secs = s.elapsed.as_secs_f64().max(1e-9);
+    let mut line = format!(
+        "{} finished in {:.2}s: {} records ({} records/s)",
+        s.job_name,
+        secs,
+        s.records,
+        human::count(s.records as f64 / secs)
+    );
+    let n = s.checkpoints.len();
+    line.push_str(&format!(", {n} checkpoints completed"));
+    if n > 0 {
+        let durations: Vec<u64> = s.checkpoints.iter().map(|c| c.duration_ms).collect();
+        let max = durations.iter().copied().max().unwrap_or(0);
+        let last = &s.checkpoints[n - 1];
+        let per_task = |f: fn(&cairn::checkpoint::TaskCheckpointStats) -> u64| -> Vec<u64> {
+            s.checkpoints
+                .iter()
+                .map(|c| c.metadata.tasks.iter().map(f).max().unwrap_or(0))
+                .collect()
+        };
+        let align = per_task(|t| t.alignment_ms);
+        let sync = per_task(|t| t.sync_ms);
+        let asyn = per_task(|t| t.async_ms);
+        let inflight: Vec<u64> = s
+            .checkpoints
+            .iter()
+            .map(|c| c.metadata.tasks.iter().map(|t| t.channel_state_size).sum())
+            .collect();
+        let unaligned = s
+            .checkpoints
+            .iter()
+            .filter(|c| c.metadata.tasks.iter().any(|t| t.unaligned))
+            .count();
+        line.push_str(&format!(
+            " (duration median {} ms, max {max} ms; alignment median {} ms, max {} ms; sync max {} ms; async max {} ms; {unaligned} unaligned, in-flight data max {}; last #{}: {})",
+            median(durations),
+            median(align.clone()),
+            align.iter().max().unwrap_or(&0),
+            sync.iter().max().unwrap_or(&0),
+            asyn.iter().max().unwrap_or(&0),
+            human::bytes(inflight.iter().copied().max().unwrap_or(0)),
+            last.id,
+            human::bytes(last.state_size)
+        ));
+    }
+    if s.failed_checkpoints > 0 {
+        line.push_str(&format!(", {} checkpoints failed", s.failed_checkpoints));
+    }
+    line.push_str(&format!(", {} restarts", s.restarts));
+    if let Some((fired, planned)) = s.injected {
+        line.push_str(&format!(", {fired}/{planned} injected failures"));
+    }
+    line
+}
+
+/// The CPU time (user and system, all threads) this process has used so far.
+fn process_cpu_ms() -> Option<u64> {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    let ms = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1000 + t.tv_usec() as u64 / 1000;
+    Some(ms(usage.user_time()) + ms(usage.system_time()))
+}
+
+fn summary_json(s: &JobSummary) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": s.job_id,
+        "job_name": s.job_name,
+        "elapsed_ms": s.elapsed.as_millis() as u64,
+        "cpu_ms": process_cpu_ms(),
+        "records": s.records,
+        "restarts": s.restarts,
+        "failed_checkpoints": s.failed_checkpoints,
+        "injected_fired": s.injected.map(|i| i.0),
+        "restored_from": s.restored_from,
+        "checkpoints": s.checkpoints.iter().map(|c| serde_json::json!({
+            "id": c.id,
+            "duration_ms": c.duration_ms,
+            "state_size": c.state_size,
+            "alignment_ms_max": c.metadata.tasks.iter().map(|t| t.alignment_ms).max().unwrap_or(0),
+            "sync_ms_max": c.metadata.tasks.iter().map(|t| t.sync_ms).max().unwrap_or(0),
+            "async_ms_max": c.metadata.tasks.iter().map(|t| t.async_ms).max().unwrap_or(0),
+            "start_delay_ms_max": c.metadata.tasks.iter().map(|t| t.start_delay_ms).max().unwrap_or(0),
+            "channel_state_size": c.metadata.tasks.iter().map(|t| t.channel_state_size).sum::<u64>(),
+            "unaligned": c.metadata.tasks.iter().any(|t| t.unaligned),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `run JOB`: builds the job from its parameters and runs it in this process.
+pub(crate) fn run(job: &dyn AnyJob, params: &Value, args: RunArgs) -> Result<()> {
+    let ctx = JobContext {
+        seed: args.job.seed,
+    };
+    let graph = job.build(params, &ctx).map_err(|e| anyhow!(e))?;
+    let config = build_config(&args.job, args.checkpoint_dir.as_deref())?;
+    let restore = restore_from(args.job.from.as_deref()).map_err(|e| anyhow!(e))?;
+    let inject = match args.job.inject_failures {
+        Some(count) => Some(InjectSpec {
+            count,
+            seed: args.job.seed,
+            expected_records: expected_records(job, params, &ctx)?,
+        }),
+        None => None,
+    };
+
+    // The job master fills in the job id once it knows it (it may adopt a restored one).
+    let status = (args.rest.is_some() || args.savepoint_on_exit.is_some())
+        .then(|| JobStatus::new(String::new(), graph.name().to_string(), config.describe()));
+    let rest = match (&args.rest, &status) {
+        (Some(addr), Some(status)) => {
+            Some(start_rest(addr, args.rest_token.clone(), status.clone())?)
+        }
+        _ => None,
+    };
+    if let (Some(dir), Some(status)) = (&args.savepoint_on_exit, &status) {
+        stop_on_signal(dir.clone(), status.clone())?;
+    }
+    let interactive = std::io::stderr().is_terminal();
+    let opts = RunOptions {
+        config,
+        restore,
+        inject,
+        on_progress: interactive
+            .then(|| Arc::new(progress_line) as Arc<dyn Fn(&Progress) + Send + Sync>),
+        inject_target: cairn::runtime::InjectTarget(args.job.inject_uid.clone()),
+        metrics: None,
+        status: status.clone(),
+        job_id: None,
+    };
+    let status_for_rest = status;
+    let summary = run_job(&graph, opts);
+    // The job has ended: stop answering, once the clients waiting for a savepoint got it.
+    if let (Some(_), Some(status)) = (&rest, &status_for_rest) {
+        let until = std::time::Instant::now() + SAVEPOINT_LINGER;
+        while !status.savepoints_reported() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    drop(rest);
+    if interactive {
+        eprint!("\r\x1b[2K");
+    }
+    let summary = summary?;
+    if summary.started_fresh {
+        eprintln!("no completed checkpoint found: started fresh");
+    }
+    if let Some(from) = &summary.restored_from {
+        eprintln!("restored from {from}");
+    }
+    for sp in &summary.savepoints {
+        match &sp.state {
+            SavepointState::Completed { location } => eprintln!("savepoint stored in {location}"),
+            SavepointState::Failed { cause } => eprintln!("savepoint failed: {cause}"),
+            SavepointState::InProgress => {}
+        }
+    }
+    eprintln!("{}", summary_line(&summary));
+    if let Some(path) = &args.summary_json {
+        std::fs::write(path, summary_json(&summary).to_string())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The records the job's sources read in a run without failures, among which
+/// `--inject-failures` plans its failures.
+pub(crate) fn expected_records(job: &dyn AnyJob, params: &Value, ctx: &JobContext) -> Result<u64> {
+    job.source_records(params, ctx)
+        .map_err(|e| anyhow!(e))?
+        .ok_or_else(|| {
+            anyhow!(
+                "--inject-failures plans failures among a known number of records, and job '{}' does not say how many its sources read with these parameters",
+                job.name()
+            )
+        })
+}
+
+/// `--from`: a checkpoint or savepoint path, or `latest`.
+fn restore_from(from: Option<&str>) -> std::result::Result<Option<RestoreFrom>, String> {
+    match from {
+        None => Ok(None),
+        Some("latest") => Ok(Some(RestoreFrom::Latest)),
+        Some("") => Err("--from needs a checkpoint or savepoint path, or 'latest'".into()),
+        Some(p) => Ok(Some(RestoreFrom::Path(PathBuf::from(p)))),
+    }
+}
+
+/// How long an embedded run keeps its REST API up after the job ended, for a client to fetch
+/// the outcome of the savepoint it asked for (a stop-with-savepoint ends the job).
+const SAVEPOINT_LINGER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `--savepoint-on-exit`: the first Ctrl-C or SIGTERM asks for a stop-with-savepoint, the next
+/// one cancels.
+fn stop_on_signal(dir: PathBuf, status: Arc<JobStatus>) -> Result<()> {
+    let signals = AtomicU32::new(0);
+    ctrlc::set_handler(move || {
+        if signals.fetch_add(1, Ordering::SeqCst) == 0 {
+            eprintln!(
+                "stopping with a savepoint under {} (again to cancel)",
+                dir.display()
+            );
+            status.request_savepoint(dir.clone(), SavepointKind::Stop, false);
+        } else {
+            status.request_cancel();
+        }
+    })
+    .context("cannot install the signal handler for --savepoint-on-exit")
+}
+
+/// Parses `--rest`: `HOST:PORT` (an IP address or a name), or a bare `PORT` (or `:PORT`) on
+/// 127.0.0.1.
+fn rest_addr(text: &str) -> Result<SocketAddr> {
+    let t = text.trim();
+    let port_only = t.strip_prefix(':').unwrap_or(t);
+    if let Ok(port) = port_only.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if let Ok(addr) = t.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bad = || anyhow!("--rest expects HOST:PORT or PORT (e.g. 127.0.0.1:8081), got '{text}'");
+    t.to_socket_addrs()
+        .map_err(|_| bad())?
+        .next()
+        .ok_or_else(bad)
+}
+
+/// Starts the REST API for one job and says where.
+fn start_rest(addr: &str, token: Option<String>, status: Arc<JobStatus>) -> Result<RestServer> {
+    let addr = rest_addr(addr)?;
+    if token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        bail!("--rest-token must not be empty");
+    }
+    let registry = JobRegistry::new();
+    registry.register(status);
+    let open = token.is_none() && !addr.ip().is_loopback();
+    let server = cairn_rest::serve(addr, registry, token)?;
+    eprintln!("REST API listening on http://{}", server.local_addr());
+    if open {
+        tracing::warn!(
+            "the REST API on {addr} has no --rest-token: anyone who can reach it can cancel the job"
+        );
+    }
+    Ok(server)
+}
