@@ -25,7 +25,7 @@ const ANSWER_MAX: u64 = 64 << 20;
 /// `--rest` and `--rest-token` of the client commands.
 #[derive(Args, Debug, Clone)]
 pub struct RestArgs {
-    /// REST API of the coordinator (or of `cairn run --rest`): http://HOST:PORT, https://HOST:PORT, HOST:PORT, or PORT on 127.0.0.1.
+    /// REST API of the coordinator (or of `run --rest`): http://HOST:PORT, https://HOST:PORT, HOST:PORT, or PORT on 127.0.0.1.
     #[arg(long, value_name = "URL", default_value = DEFAULT_REST)]
     pub rest: String,
     /// Bearer token, if the REST API requires one.

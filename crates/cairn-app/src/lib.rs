@@ -225,7 +225,8 @@ impl App {
     fn run_command(&self) -> Command {
         let mut cmd = self.jobs_command("run", "Run a job in this process (embedded mode).");
         for job in self.jobs.all() {
-            let sub = RunArgs::augment_args(job.augment(Command::new(job.name().to_string())));
+            let params = job.augment(job_command(job.as_ref()));
+            let sub = RunArgs::augment_args(params.next_help_heading(RUN_OPTIONS));
             cmd = cmd.subcommand(with_about(sub, job.about()));
         }
         cmd
@@ -301,8 +302,17 @@ impl App {
 /// `submit JOB`'s arguments: the job's parameters and the job options (the coordinator
 /// parses a REST submission's `args` with it too).
 pub(crate) fn submit_job_command(job: &dyn AnyJob) -> Command {
-    let cmd = JobOptions::augment_args(job.augment(Command::new(job.name().to_string())));
+    let params = job.augment(job_command(job));
+    let cmd = JobOptions::augment_args(params.next_help_heading(RUN_OPTIONS));
     with_about(cmd, job.about())
+}
+
+/// The help heading of the options every job takes.
+const RUN_OPTIONS: &str = "Run options";
+
+/// A job's subcommand, its parameters under their own help heading.
+fn job_command(job: &dyn AnyJob) -> Command {
+    Command::new(job.name().to_string()).next_help_heading(format!("Parameters of {}", job.name()))
 }
 
 /// `cmd` with `about` as its help text: the derived argument groups it was built from set

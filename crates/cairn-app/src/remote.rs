@@ -24,7 +24,7 @@ pub struct ListArgs {
 
 #[derive(Args, Debug)]
 pub struct JobArgs {
-    /// The job id (see `cairn list`).
+    /// The job id (see `list`).
     id: String,
     #[command(flatten)]
     rest: RestArgs,

@@ -21,7 +21,7 @@ const POLL: Duration = Duration::from_millis(100);
 pub struct SavepointArgs {
     #[command(subcommand)]
     action: Option<SavepointAction>,
-    /// The job id (see `cairn list`).
+    /// The job id (see `list`).
     #[arg(required = true)]
     id: Option<String>,
     /// Where to write it (default: the job's state.savepoints.dir).
@@ -46,7 +46,7 @@ enum SavepointAction {
 
 #[derive(Args, Debug)]
 pub struct StopArgs {
-    /// The job id (see `cairn list`).
+    /// The job id (see `list`).
     id: String,
     /// Where to write the final savepoint (default: the job's state.savepoints.dir).
     #[arg(long, value_name = "DIR")]

@@ -28,6 +28,9 @@ pub struct Alert {
 /// later. The account's next transaction ends the pattern: if it is large and less than a
 /// minute later, that is an alert. Either way the flag goes, and the transaction sets it again
 /// if it is small itself.
+///
+/// "Next" is in the order the account's transactions arrive, which must be their event-time
+/// order: [`TransactionSource`](crate::TransactionSource) reads each account from one split.
 #[derive(Clone)]
 pub struct FraudDetector {
     /// A transaction above this many cents is large.
@@ -69,16 +72,16 @@ impl KeyedProcessFunction<u64, Transaction, Alert> for FraudDetector {
             // minimum over every input and is sent periodically, so it may not have passed
             // the minute yet when this account's next transaction comes.
             if t.amount_cents > self.threshold_cents
-                && t.timestamp_ms - small.timestamp_ms < ONE_MINUTE_MS
+                && t.timestamp_ms.saturating_sub(small.timestamp_ms) < ONE_MINUTE_MS
             {
                 out.collect(Alert { small, large: t });
             }
             flag.clear(ctx)?;
-            ctx.delete_event_time_timer(small.timestamp_ms + ONE_MINUTE_MS)?;
+            ctx.delete_event_time_timer(minute_after(&small))?;
         }
         if t.amount_cents < SMALL_CENTS {
             flag.update(ctx, t)?;
-            ctx.register_event_time_timer(t.timestamp_ms + ONE_MINUTE_MS)?;
+            ctx.register_event_time_timer(minute_after(&t))?;
         }
         Ok(())
     }
@@ -91,10 +94,11 @@ impl KeyedProcessFunction<u64, Transaction, Alert> for FraudDetector {
         _out: &mut Collector<Alert>,
     ) -> TaskResult {
         let flag = self.flag()?;
-        // The minute of the small transaction is over: forget it (its state goes too).
+        // The small transaction's minute is over: clear the flag, so that an account that
+        // stays quiet keeps no state.
         if flag
             .value(ctx)?
-            .is_some_and(|small| small.timestamp_ms + ONE_MINUTE_MS <= time)
+            .is_some_and(|small| minute_after(small) <= time)
         {
             flag.clear(ctx)?;
         }
@@ -102,8 +106,13 @@ impl KeyedProcessFunction<u64, Transaction, Alert> for FraudDetector {
     }
 }
 
-/// The alerts of `transactions` (which must carry event time): keyed by account, checked by a
-/// [`FraudDetector`] with uid `fraud-detector`.
+/// When the flag a small transaction `t` set is cleared.
+fn minute_after(t: &Transaction) -> i64 {
+    t.timestamp_ms.saturating_add(ONE_MINUTE_MS)
+}
+
+/// The alerts of `transactions` (with watermarks: the timers are on event time), keyed by
+/// account and checked by a [`FraudDetector`] with uid `fraud-detector`.
 pub fn detect(transactions: DataStream<Transaction>, threshold_cents: u64) -> DataStream<Alert> {
     transactions
         .key_by(|t: &Transaction| t.account)
@@ -118,7 +127,7 @@ mod tests {
 
     use cairn::api::{StreamEnv, WatermarkStrategy};
     use cairn::config::JobConfig;
-    use cairn::connectors::SequenceSource;
+    use cairn::connectors::{RateLimited, SequenceSource};
     use cairn::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkWriter};
     use cairn::runtime::{run_job, RunOptions};
 
@@ -155,7 +164,7 @@ mod tests {
         tx(15, 210_000, 7, 45),        // small again: the flag is renewed
         tx(16, 269_999, 7, 50_100),    // large 59.999 s after 15: alert (15, 16)
         tx(17, 400_000, 8, 5),         // small
-        tx(18, 500_000, 9, 100),       // moves event time past 17's minute: its timer fires
+        tx(18, 500_000, 9, 100),       // event time passes 17's minute: its timer is due
         tx(19, 520_000, 8, 1_000_000), // large, 120 s after the small one: none
         tx(20, 530_000, 1, 1),         // small
         tx(21, 535_000, 1, 50_001),    // a cent above the threshold: alert (20, 21)
@@ -200,12 +209,17 @@ mod tests {
     }
 
     /// The (small, large) ids of the alerts on `CASES`, read by one source subtask and checked
-    /// by two detector subtasks.
-    fn alerts(threshold_cents: u64) -> Vec<(u64, u64)> {
+    /// by two detector subtasks. `paced`: the source reads 200 transactions per second and
+    /// sends a watermark every millisecond, so that timers fire between the transactions;
+    /// otherwise it reads them at once and the timers fire at the end.
+    fn alerts(threshold_cents: u64, paced: bool) -> Vec<(u64, u64)> {
         let env = StreamEnv::new();
         let transactions = env
             .source_with_watermarks(
-                SequenceSource::new(CASES.len() as u64, 0, case),
+                RateLimited::new(
+                    SequenceSource::new(CASES.len() as u64, 0, case),
+                    if paced { 200 } else { 0 },
+                ),
                 WatermarkStrategy::monotonous(|t: &Transaction| t.timestamp_ms),
             )
             .uid("cases")
@@ -217,6 +231,11 @@ mod tests {
         let graph = env.build("cases").unwrap();
         let mut config = JobConfig::default();
         config.set("parallelism.default", "2").unwrap();
+        if paced {
+            config
+                .set("pipeline.auto-watermark-interval", "1ms")
+                .unwrap();
+        }
         run_job(
             &graph,
             RunOptions {
@@ -241,17 +260,19 @@ mod tests {
 
     #[test]
     fn alerts_exactly_when_a_small_transaction_is_followed_within_a_minute_by_a_large_one() {
-        assert_eq!(alerts(50_000), [(0, 1), (8, 11), (15, 16), (20, 21)]);
+        // Whenever the watermark fires the timers, the alerts are the same.
+        for paced in [false, true] {
+            let got = alerts(50_000, paced);
+            assert_eq!(got, [(0, 1), (8, 11), (15, 16), (20, 21)], "paced: {paced}");
+        }
     }
 
     #[test]
     fn the_threshold_decides_what_is_large() {
-        // At $499.99, transaction 3 ($500.00) is large too; at $5,000 only 11 ($5,000.00 is
-        // not above it: none) — 19 would be, but its small one is two minutes old.
-        assert_eq!(
-            alerts(49_999),
-            [(0, 1), (2, 3), (8, 11), (15, 16), (20, 21)]
-        );
-        assert_eq!(alerts(500_000), []);
+        // At $499.99, transaction 3 ($500.00) is large too. At $5,000.00 none is an alert: 11
+        // ($5,000.00) is not above it, and 19's small transaction is two minutes old.
+        let got = alerts(49_999, false);
+        assert_eq!(got, [(0, 1), (2, 3), (8, 11), (15, 16), (20, 21)]);
+        assert_eq!(alerts(500_000, false), []);
     }
 }

@@ -85,6 +85,14 @@ impl FraudParams {
                 "--threshold must be between {smallest:.2} (no transaction may be small and large at once) and {THRESHOLD_DOLLARS_MAX:.0} dollars, got {dollars}"
             ));
         }
+        // The flag makes its value absolute; a JSON submission could still send a relative
+        // one, which each process of a cluster would resolve in its own directory.
+        if let Some(dir) = self.output.as_ref().filter(|d| !d.is_absolute()) {
+            return Err(format!(
+                "--output must be an absolute directory, got '{}'",
+                dir.display()
+            ));
+        }
         Ok(Settings {
             transactions: self.transactions.unwrap_or(DEFAULT_TRANSACTIONS),
             accounts,
@@ -319,6 +327,12 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(e, "--accounts must be at least 1");
+        let e = with(FraudParams {
+            output: Some(PathBuf::from("out")),
+            ..FraudParams::default()
+        })
+        .unwrap_err();
+        assert_eq!(e, "--output must be an absolute directory, got 'out'");
     }
 
     #[test]

@@ -14,8 +14,8 @@ mod disk_timers;
 pub mod keygroup;
 
 pub mod operator;
-// The RocksDB backend; without the `rocksdb` feature, uninhabited stand-ins of the same names
-// (no instance can be opened: choosing the backend is an error naming the feature).
+// The RocksDB backend; without the `rocksdb` feature, stand-ins of the same names of which none
+// can be made (no instance can be opened: choosing the backend is an error naming the feature).
 #[cfg_attr(not(feature = "rocksdb"), path = "rocks_disabled.rs")]
 pub mod rocks;
 pub mod timers;

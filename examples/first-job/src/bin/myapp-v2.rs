@@ -31,13 +31,16 @@ fn click(i: u64) -> String {
     format!("user{}", i % 5)
 }
 
-/// The running count of clicks per user, in keyed state.
+/// The running count of clicks per user, in keyed state: `process` sees the state of the
+/// record's key only.
 #[derive(Clone, Default)]
 struct CountClicks {
     count: Option<ValueState<u64>>,
 }
 
 impl KeyedProcessFunction<String, String, (String, u64)> for CountClicks {
+    /// Registers the state, in every subtask before its first record (after a restore, with
+    /// the restored counts in it).
     fn open(&mut self, ctx: &mut KeyedContext<String>) -> TaskResult {
         self.count = Some(ctx.value_state("count")?);
         Ok(())
@@ -58,6 +61,7 @@ impl KeyedProcessFunction<String, String, (String, u64)> for CountClicks {
     }
 }
 
+/// The job, registered in the app by its name.
 struct ClickCount;
 
 impl Job for ClickCount {
@@ -74,13 +78,16 @@ impl Job for ClickCount {
     fn build(&self, p: &Params, _: &JobContext) -> Result<JobGraph, String> {
         let env = StreamEnv::new();
         let clicks = SequenceSource::new(p.clicks.unwrap_or(10_000), p.rate.unwrap_or(0), click);
+        // A uid names an operator's state in checkpoints and savepoints: set one on every
+        // operator and never change it, and a changed job still finds its state.
         let counts = env
             .source(clicks)
             .uid("clicks")
             .key_by(|user: &String| user.clone())
             .process(CountClicks::default())
             .uid("count");
-        // New in version 2: an operator with a uid of its own.
+        // New in version 2: an operator with a uid of its own, which the savepoint has no state
+        // for (it starts empty; this one has none anyway).
         let tiers = counts
             .map(|(user, n): (String, u64)| {
                 let tier = if n < 1000 { "new" } else { "frequent" };
