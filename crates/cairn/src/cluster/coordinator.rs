@@ -71,6 +71,16 @@ struct Inner {
     addr: SocketAddr,
 }
 
+impl Inner {
+    /// The ids of the live workers.
+    fn live_workers(&self) -> Vec<u32> {
+        self.workers
+            .lock()
+            .map(|w| w.keys().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
 /// A running coordinator.
 #[derive(Clone)]
 pub struct Coordinator {
@@ -598,12 +608,7 @@ impl ClusterExecutor {
                 }
                 return Ok(());
             }
-            let live: Vec<u32> = self
-                .inner
-                .workers
-                .lock()
-                .map(|w| w.keys().copied().collect())
-                .unwrap_or_default();
+            let live = self.inner.live_workers();
             if let Some(gone) = missing.iter().find(|id| !live.contains(id)) {
                 return Err(TaskError::msg(format!(
                     "worker {gone} was lost before it answered the job check"
@@ -800,12 +805,7 @@ impl Deployed for ClusterDeployment {
             return;
         };
         loop {
-            let live: Vec<u32> = self
-                .inner
-                .workers
-                .lock()
-                .map(|w| w.keys().copied().collect())
-                .unwrap_or_default();
+            let live = self.inner.live_workers();
             let pending = self.workers.iter().any(|(id, _)| {
                 live.contains(id)
                     && !jobs
