@@ -44,9 +44,19 @@ pub fn duration_ms(ms: u64) -> String {
 /// `2026-11-29 11:20:01` (UTC) from milliseconds since the Unix epoch.
 pub fn utc(ms: u64) -> String {
     let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
+    let (y, m, d) = civil_date((secs / 86_400) as i64);
     let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// The proleptic Gregorian (year, month, day) of a day number (days since 1970-01-01,
+/// negative before), by Howard Hinnant's `civil_from_days`.
+pub fn civil_date(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -55,13 +65,7 @@ pub fn utc(ms: u64) -> String {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 #[cfg(test)]

@@ -274,16 +274,7 @@ pub fn dollars(cents: u64) -> String {
 pub fn utc(ms: i64) -> String {
     const DAY_MS: i64 = 86_400_000;
     let (days, in_day) = (ms.div_euclid(DAY_MS), ms.rem_euclid(DAY_MS));
-    // The proleptic Gregorian date of a day number (Howard Hinnant's civil_from_days).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = cairn_app::human::civil_date(days);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
         in_day / 3_600_000,

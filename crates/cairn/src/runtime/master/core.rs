@@ -905,6 +905,26 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_deployment_fails_the_job_at_once_and_another_deployment_failure_restarts() {
+        let (mut m, t0) = master(3);
+        m.on_job_failure("the job could not be redeployed: slots".into(), false, t0);
+        assert!(m.outcome().is_none(), "a deployment failure is restarted");
+        assert_eq!(m.restart_count(), 1);
+        let (mut m, t0) = master(3);
+        m.on_job_failure("worker 2 has no job 'x'".into(), true, t0);
+        match m.outcome() {
+            Some(Outcome::Failed {
+                cause, restarts, ..
+            }) => {
+                assert!(cause.contains("has no job 'x'"), "{cause}");
+                assert_eq!(*restarts, 0, "a refusal is not restarted");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(m.state(), JobState::Failed);
+    }
+
+    #[test]
     fn the_restart_strategy_giving_up_ends_the_job_with_the_cause() {
         let (mut m, t0) = master(0);
         m.on_event(failed(0, 0), t0);
