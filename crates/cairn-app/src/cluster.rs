@@ -43,6 +43,9 @@ pub struct CoordinatorArgs {
     /// How long a (re)deployment waits for enough free task slots.
     #[arg(long, default_value = "30s")]
     slot_wait: String,
+    /// How many ended jobs are kept and listed, with their state and cause (Flink's jobstore.max-capacity); older ones are forgotten, their records stay in --checkpoint-dir.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    jobstore_max_capacity: usize,
 }
 
 #[derive(Args, Debug)]
@@ -88,7 +91,7 @@ struct Submitter {
 impl JobSubmitter for Submitter {
     fn submit(&self, request: SubmitRequest) -> std::result::Result<String, String> {
         let submission = submission(&self.jobs, request)?;
-        let status = self.coordinator.submit(submission, None, None)?;
+        let status = self.coordinator.submit(submission, None)?;
         let jid = status.view().jid;
         self.registry.register(status);
         Ok(jid)
@@ -145,6 +148,7 @@ fn submission(jobs: &Jobs, request: SubmitRequest) -> std::result::Result<JobSub
         job: request.job,
         params,
         config,
+        from_job: request.from_job.or(options.from_job),
         from: request.from.or(options.from),
         inject,
         seed: request.seed.unwrap_or(options.seed),
@@ -159,6 +163,7 @@ impl ClusterResources for Workers {
         Resources {
             workers: u32::try_from(self.0.workers()).unwrap_or(u32::MAX),
             slots: self.0.slots(),
+            reserved: self.0.slots_reserved().1,
         }
     }
 }
@@ -186,9 +191,12 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
         factory: Arc::new(jobs.clone()),
         heartbeat_timeout,
         slot_wait,
+        history: args.jobstore_max_capacity,
     })
     .map_err(|e| anyhow!(e))?;
     let registry = JobRegistry::new();
+    let forget = registry.clone();
+    coordinator.on_forget(move |jid| forget.remove(jid));
     registry.set_submitter(Arc::new(Submitter {
         coordinator: coordinator.clone(),
         registry: registry.clone(),

@@ -54,6 +54,7 @@ pub(crate) fn submit(
         config: options.config_pairs()?.into_iter().collect(),
         config_yaml,
         from: options.from.clone(),
+        from_job: options.from_job.clone(),
         inject_failures: options.inject_failures,
         inject_uid: options.inject_uid.clone(),
         seed: Some(options.seed),
@@ -149,11 +150,33 @@ pub fn status(args: JobArgs) -> Result<()> {
             ),
         ));
     }
+    // The lifecycle's last transitions, with their causes.
+    let transitions = job["state-transitions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for t in transitions.iter().rev().take(STATUS_TRANSITIONS).rev() {
+        let cause = t["cause"]
+            .as_str()
+            .map_or(String::new(), |c| format!(": {c}"));
+        lines.push((
+            "transition",
+            format!(
+                "{} {} -> {}{cause}",
+                time(&t["timestamp"]),
+                text(&t["from"]),
+                text(&t["to"])
+            ),
+        ));
+    }
     for (key, value) in lines {
         println!("{:<12} {value}", format!("{key}:"));
     }
     Ok(())
 }
+
+/// Transitions `cairn status` shows (the newest).
+const STATUS_TRANSITIONS: usize = 8;
 
 /// `cairn cancel ID`.
 pub fn cancel(args: JobArgs) -> Result<()> {

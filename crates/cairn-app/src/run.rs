@@ -42,9 +42,12 @@ pub struct JobOptions {
     /// Checkpoints in flight at once (execution.checkpointing.max-concurrent-checkpoints).
     #[arg(long, value_name = "N")]
     pub max_concurrent_checkpoints: Option<u32>,
-    /// Start from a checkpoint: a chk-<n> directory (or its _metadata), or `latest` under --checkpoint-dir.
+    /// Start from a checkpoint: a chk-<n> directory (or its _metadata), or `latest`: the newest completed checkpoint under --checkpoint-dir (of the job --job names; on a coordinator, of the one job of this name with checkpoints).
     #[arg(long, value_name = "PATH|latest")]
     pub from: Option<String>,
+    /// With --from latest: the id of the job whose latest checkpoint to start from.
+    #[arg(long = "job", value_name = "JOB_ID", requires = "from")]
+    pub from_job: Option<String>,
     /// YAML configuration file with Flink's keys.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -279,7 +282,8 @@ pub(crate) fn run(job: &dyn AnyJob, params: &Value, args: RunArgs) -> Result<()>
     };
     let graph = job.build(params, &ctx).map_err(|e| anyhow!(e))?;
     let config = build_config(&args.job, args.checkpoint_dir.as_deref())?;
-    let restore = restore_from(args.job.from.as_deref()).map_err(|e| anyhow!(e))?;
+    let restore = restore_from(args.job.from.as_deref(), args.job.from_job.as_deref())
+        .map_err(|e| anyhow!(e))?;
     let inject = match args.job.inject_failures {
         Some(count) => Some(InjectSpec {
             count,
@@ -361,11 +365,22 @@ pub(crate) fn expected_records(job: &dyn AnyJob, params: &Value, ctx: &JobContex
         })
 }
 
-/// `--from`: a checkpoint or savepoint path, or `latest`.
-fn restore_from(from: Option<&str>) -> std::result::Result<Option<RestoreFrom>, String> {
+/// `--from`: a checkpoint or savepoint path, or `latest` (of the job `--job` names).
+fn restore_from(
+    from: Option<&str>,
+    job: Option<&str>,
+) -> std::result::Result<Option<RestoreFrom>, String> {
+    if job.is_some() && from != Some("latest") {
+        return Err(
+            "--job names whose checkpoints --from latest looks at; it takes no other --from".into(),
+        );
+    }
     match from {
         None => Ok(None),
-        Some("latest") => Ok(Some(RestoreFrom::Latest)),
+        Some("latest") => Ok(Some(match job {
+            Some(id) => RestoreFrom::LatestOf(id.to_string()),
+            None => RestoreFrom::Latest,
+        })),
         Some("") => Err("--from needs a checkpoint or savepoint path, or 'latest'".into()),
         Some(p) => Ok(Some(RestoreFrom::Path(PathBuf::from(p)))),
     }

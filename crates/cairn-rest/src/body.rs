@@ -67,11 +67,12 @@ fn subtask_state(state: JobState) -> &'static str {
     match state {
         JobState::Created => "CREATED",
         JobState::Running => "RUNNING",
-        // Cancelled and about to be deployed again.
+        // Being cancelled after a failure, or cancelled and about to be deployed again.
+        JobState::Failing | JobState::Cancelling => "CANCELING",
         JobState::Restarting => "SCHEDULED",
         JobState::Finished => "FINISHED",
         JobState::Failed => "FAILED",
-        JobState::Canceled => "CANCELED",
+        JobState::Canceled | JobState::Suspended => "CANCELED",
     }
 }
 
@@ -142,8 +143,11 @@ pub(crate) fn job_overview(view: &JobStatusView, now_ms: u64) -> Result<Value, s
         "start-time": view.start_time,
         "end-time": end_time(view),
         "duration": duration(view, now_ms),
-        // cairn does not keep the time of each state change.
-        "last-modification": view.end_time.unwrap_or(view.start_time),
+        "last-modification": view
+            .lifecycle
+            .transitions()
+            .last()
+            .map_or(view.start_time, |t| t.at_ms),
         "tasks": tasks,
         "jobType": "STREAMING",
         "schedulerType": "Default",
@@ -151,6 +155,12 @@ pub(crate) fn job_overview(view: &JobStatusView, now_ms: u64) -> Result<Value, s
         "restarts": view.restarts,
         "restart-causes": view.restart_causes.iter().cloned().collect::<BTreeMap<_, _>>(),
         "failure-cause": view.failure_cause,
+        "state-transitions": view.lifecycle.transitions().iter().map(|t| json!({
+            "from": t.from.name(),
+            "to": t.to.name(),
+            "timestamp": t.at_ms,
+            "cause": t.cause,
+        })).collect::<Vec<_>>(),
     }))
 }
 
@@ -405,12 +415,17 @@ pub(crate) fn job_details(
         })
         .collect();
     let mut timestamps = Map::new();
+    // When the job last entered each state (0: never), from its lifecycle.
+    let entered: BTreeMap<&str, u64> = view
+        .lifecycle
+        .transitions()
+        .iter()
+        .map(|t| (t.to.name(), t.at_ms))
+        .collect();
     for s in JOB_STATES {
         let at = match s {
-            "INITIALIZING" | "CREATED" => view.start_time,
-            "RUNNING" if view.state != JobState::Created => view.start_time,
-            _ if s == state && view.state.is_terminal() => view.end_time.unwrap_or(0),
-            _ => 0,
+            "INITIALIZING" | "CREATED" => view.lifecycle.created_ms(),
+            _ => entered.get(s).copied().unwrap_or(0),
         };
         timestamps.insert(s.into(), at.into());
     }
@@ -435,6 +450,12 @@ pub(crate) fn job_details(
         "restarts": view.restarts,
         "restart-causes": view.restart_causes.iter().cloned().collect::<BTreeMap<_, _>>(),
         "failure-cause": view.failure_cause,
+        "state-transitions": view.lifecycle.transitions().iter().map(|t| json!({
+            "from": t.from.name(),
+            "to": t.to.name(),
+            "timestamp": t.at_ms,
+            "cause": t.cause,
+        })).collect::<Vec<_>>(),
     }))
 }
 
@@ -687,22 +708,18 @@ pub(crate) fn dashboard_config() -> Value {
     })
 }
 
-/// `GET /overview`: Flink's `ClusterOverviewWithVersion`. A job holds as many slots as its
-/// widest vertex has subtasks (slot sharing); free slots are what running jobs leave.
+/// `GET /overview`: Flink's `ClusterOverviewWithVersion`. Free slots are those no job that
+/// has not ended holds a reservation of (the coordinator's count); running jobs are those that
+/// have not ended.
 pub(crate) fn cluster_overview(views: &[JobStatusView], resources: Resources) -> Value {
     let count = |s: JobState| views.iter().filter(|v| v.state == s).count();
-    let used: u32 = views
-        .iter()
-        .filter(|v| !v.state.is_terminal())
-        .map(|v| v.vertices.iter().map(|x| x.parallelism).max().unwrap_or(0))
-        .sum();
     json!({
         "taskmanagers": resources.workers,
         "slots-total": resources.slots,
-        "slots-available": resources.slots.saturating_sub(used),
+        "slots-available": resources.slots.saturating_sub(resources.reserved),
         "taskmanagers-blocked": 0,
         "slots-free-and-blocked": 0,
-        "jobs-running": views.iter().filter(|v| !v.state.is_terminal()).count(),
+        "jobs-running": views.iter().filter(|v| !v.state.is_ended()).count(),
         "jobs-finished": count(JobState::Finished),
         "jobs-cancelled": count(JobState::Canceled),
         "jobs-failed": count(JobState::Failed),

@@ -65,6 +65,12 @@ impl JobRegistry {
         }
     }
 
+    /// Forgets job `jid` (a coordinator's bounded history let it go).
+    pub fn remove(&self, jid: &str) {
+        let mut jobs = self.jobs.write().unwrap_or_else(PoisonError::into_inner);
+        jobs.retain(|j| j.jid() != jid);
+    }
+
     /// The job whose id is `jid` (the most recently registered one if several share it).
     pub fn get(&self, jid: &str) -> Option<Arc<JobStatus>> {
         let jobs = self.jobs.read().unwrap_or_else(PoisonError::into_inner);

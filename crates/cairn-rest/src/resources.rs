@@ -7,6 +7,8 @@ pub struct Resources {
     pub workers: u32,
     /// Task slots the live workers offer in total.
     pub slots: u32,
+    /// Of those, the slots reserved by jobs that have not ended.
+    pub reserved: u32,
 }
 
 /// Reports the live workers and their slots for `GET /overview`.

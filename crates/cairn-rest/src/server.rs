@@ -516,12 +516,10 @@ async fn patch_job(
     }
     let status = lookup(&registry, &jid)?;
     let state = status.view().state;
-    if state.is_terminal() {
-        let name = serde_json::to_value(state)?;
-        let name = name.as_str().unwrap_or("terminal");
+    if state.is_ended() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            format!("job {jid} is already {name} and cannot be cancelled"),
+            format!("job {jid} is already {state} and cannot be cancelled"),
         ));
     }
     status.request_cancel();

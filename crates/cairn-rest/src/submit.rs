@@ -29,6 +29,10 @@ pub struct SubmitRequest {
     /// Start from this checkpoint or savepoint (a path the coordinator can read), or `latest`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
+    /// With `from: latest`: the id of the job whose latest checkpoint (else the one job of
+    /// this name with checkpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_job: Option<String>,
     /// Inject this many failures (tests of the restart strategy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inject_failures: Option<usize>,

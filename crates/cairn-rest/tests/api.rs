@@ -595,6 +595,7 @@ impl ClusterResources for TwoWorkers {
         Resources {
             workers: 2,
             slots: 4,
+            reserved: 3,
         }
     }
 }

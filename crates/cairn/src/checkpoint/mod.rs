@@ -15,7 +15,7 @@ use crate::state::StateDescriptor;
 pub use coordinator::{CheckpointCoordinator, SavepointOutcome, SavepointRequest, TaskMessage};
 pub use restore::{
     dispose_savepoint, find_latest, find_latest_of, list_checkpoints, load_checkpoint, load_dir,
-    load_from_path, unfinished_job, CheckpointInfo, LoadedCheckpoint,
+    load_from_path, newest_completed, unfinished_job, CheckpointInfo, LoadedCheckpoint,
 };
 
 /// A checkpoint barrier: marks the point in a stream where checkpoint `id` was taken.

@@ -468,14 +468,33 @@ pub fn checkpoint_ids(storage: &dyn CheckpointStorage, job_id: &str) -> Vec<u64>
 
 /// The newest completed checkpoint under a checkpoint directory (all jobs).
 ///
-/// A checkpoint completed iff its `_metadata` exists (it is written last, atomically), and once
-/// it completed, sinks may have committed the output before it. So only directories without
-/// `_metadata` — checkpoints that never completed — are passed over (with a warning). If the
-/// newest completed checkpoint fails validation, the restore stops with an error: falling back
-/// to an older one would emit again what the sinks already committed. The user can still pick
-/// an older checkpoint explicitly, by path.
+/// Within a job checkpoints are ordered by id, and the newest is its completed checkpoint with
+/// the highest id; among jobs, the one whose newest checkpoint completed last. A checkpoint
+/// completed iff its `_metadata` exists (it is written last, atomically), and once it
+/// completed, sinks may have committed the output before it. So only directories without
+/// `_metadata` — checkpoints that never completed — are passed over (with a warning naming
+/// each). If the newest completed checkpoint fails validation, the restore stops with an error:
+/// falling back to an older one would emit again what the sinks already committed. An older
+/// checkpoint is never read, so a damaged one never blocks a restore; the user can still pick
+/// one explicitly, by path.
 pub fn find_latest(storage: &dyn CheckpointStorage) -> Result<Option<LoadedCheckpoint>, String> {
     find_latest_of(storage, None)
+}
+
+/// The id of job `job`'s newest completed checkpoint (the highest id with `_metadata`),
+/// warning about each newer one that never completed.
+pub fn newest_completed(storage: &dyn CheckpointStorage, job: &str) -> Option<u64> {
+    let ids = checkpoint_ids(storage, job);
+    for &id in ids.iter().rev() {
+        if storage.exists(&metadata_path(job, id)).unwrap_or(false) {
+            return Some(id);
+        }
+        warn!(
+            "skipping checkpoint {}: it never completed (no _metadata)",
+            storage.location(&checkpoint_dir(job, id))
+        );
+    }
+    None
 }
 
 /// [`find_latest`] among the checkpoints of job `only` (all jobs: None).
@@ -484,39 +503,21 @@ pub fn find_latest_of(
     only: Option<&str>,
 ) -> Result<Option<LoadedCheckpoint>, String> {
     let jobs = storage.list("").map_err(|e| e.to_string())?;
-    let mut completed: Vec<(u64, u64, String)> = Vec::new();
-    let mut never_completed: Vec<(u64, String)> = Vec::new();
+    // Per job, its newest completed checkpoint and when it completed. A metadata file that
+    // does not decode sorts newest: its checkpoint completed, and when is unknown, so it must
+    // not be passed over.
+    let mut newest: Vec<(u64, u64, String)> = Vec::new();
     for job in jobs.into_iter().filter(|j| only.is_none_or(|o| o == j)) {
-        for id in checkpoint_ids(storage, &job) {
-            if !storage.exists(&metadata_path(&job, id)).unwrap_or(false) {
-                never_completed.push((id, job.clone()));
-                continue;
-            }
-            // Order by completion time. A metadata file that does not decode sorts newest: its
-            // checkpoint completed, and when is unknown, so it must not be passed over.
+        if let Some(id) = newest_completed(storage, &job) {
             let ts =
                 read_metadata(storage, &job, id).map_or(u64::MAX, |m| m.completed_timestamp_ms);
-            completed.push((ts, id, job.clone()));
+            newest.push((ts, id, job));
         }
     }
-    completed.sort();
-    let Some((_, id, job)) = completed.pop() else {
-        for (id, job) in &never_completed {
-            warn!(
-                "skipping checkpoint {}: it never completed (no _metadata)",
-                storage.location(&checkpoint_dir(job, *id))
-            );
-        }
+    newest.sort();
+    let Some((_, id, job)) = newest.pop() else {
         return Ok(None);
     };
-    for (other, other_job) in &never_completed {
-        if *other_job == job && *other > id {
-            warn!(
-                "skipping checkpoint {}: it never completed (no _metadata)",
-                storage.location(&checkpoint_dir(other_job, *other))
-            );
-        }
-    }
     load_checkpoint(storage, &job, id).map(Some).map_err(|e| {
         format!(
             "the newest completed checkpoint {} is unusable: {e}; restoring an older checkpoint \
@@ -787,6 +788,45 @@ mod tests {
             "names the file: {err}"
         );
         assert!(err.contains("would repeat output"), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_older_checkpoint_never_blocks_the_restore_of_the_newest() {
+        let storage = MemoryStorage::new();
+        for id in [1, 2, 9, 10] {
+            write_completed(&storage, "job", id);
+        }
+        // Older ones damaged, both their metadata and their state: never read.
+        corrupt(&storage, &metadata_path("job", 9));
+        corrupt(&storage, &format!("{}/task-0-0", checkpoint_dir("job", 2)));
+        // Ids order checkpoints within a job: 10 is newer than 9 and 2 (not by name).
+        assert_eq!(find_latest(&storage).unwrap().unwrap().id(), 10);
+        assert_eq!(
+            find_latest_of(&storage, Some("job")).unwrap().unwrap().id(),
+            10
+        );
+        assert_eq!(newest_completed(&storage, "job"), Some(10));
+        // One that never completed, newer than all: skipped.
+        storage
+            .write(
+                &format!("{}/task-0-0", checkpoint_dir("job", 11)),
+                b"partial",
+            )
+            .unwrap();
+        assert_eq!(find_latest(&storage).unwrap().unwrap().id(), 10);
+    }
+
+    #[test]
+    fn the_latest_of_a_named_job_is_never_another_jobs() {
+        let storage = MemoryStorage::new();
+        write_completed(&storage, "a", 3);
+        write_completed(&storage, "b", 7);
+        assert_eq!(
+            find_latest_of(&storage, Some("a")).unwrap().unwrap().id(),
+            3
+        );
+        assert!(find_latest_of(&storage, Some("c")).unwrap().is_none());
+        assert_eq!(newest_completed(&storage, "c"), None);
     }
 
     /// A checkpoint of one operator `op` at parallelism 2 whose subtask 1 has keyed state and

@@ -2,27 +2,30 @@
 //! (the embedded job master loop with a [`ClusterExecutor`]) per submitted job.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
 use super::frame::{read_frame, write_frame};
 use super::protocol::{secrets_match, DeploySpec, RestoreRef, ToCoordinator, ToWorker, WireEvent};
+use super::records::{EndRecord, JobRecord, END_RECORD, JOB_RECORD, LEGACY_FINISHED};
+use super::slots::SlotTable;
 use super::{JobFactory, JobSubmission};
 use crate::checkpoint::coordinator::TaskInfo;
+use crate::checkpoint::newest_completed;
 use crate::error::TaskError;
 use crate::runtime::channel::{ControlMail, MailboxHandle, RemoteMailbox};
-use crate::runtime::job::{plan, DeployRequest, Deployed, DeployedTask, Executor};
-use crate::runtime::status::JobStatus;
+use crate::runtime::job::{plan, prepare_job, DeployRequest, Deployed, DeployedTask, Executor};
+use crate::runtime::status::{Actor, JobState, JobStatus};
 use crate::runtime::task::JobEvent;
-use crate::runtime::{run_job_with, InjectSpec, JobError, RestoreFrom, RunOptions};
+use crate::runtime::{InjectSpec, JobError, RestoreFrom, RunOptions};
+use crate::storage::layout::checkpoint_dir;
+use crate::storage::FsStorage;
 
 /// How to run a coordinator.
 #[derive(Clone)]
@@ -39,6 +42,9 @@ pub struct CoordinatorOptions {
     pub heartbeat_timeout: Duration,
     /// How long a (re)deployment waits for enough free slots.
     pub slot_wait: Duration,
+    /// How many ended jobs it keeps (Flink's `jobstore.max-capacity`): listed, with their
+    /// state and cause, until newer ones push them out.
+    pub history: usize,
 }
 
 type Writer = Arc<Mutex<TcpStream>>;
@@ -67,9 +73,15 @@ struct Inner {
     workers_changed: Condvar,
     jobs: Mutex<HashMap<String, JobEntry>>,
     jobs_changed: Condvar,
+    /// Slots reserved by jobs that have not ended (lock after `workers`, never with `jobs`).
+    slots: Mutex<SlotTable>,
+    /// Told the ids of ended jobs the history lets go.
+    on_forget: Mutex<Option<ForgetHook>>,
     next_worker: AtomicU32,
     addr: SocketAddr,
 }
+
+type ForgetHook = Box<dyn Fn(&str) + Send + Sync>;
 
 impl Inner {
     /// The ids of the live workers.
@@ -106,6 +118,8 @@ impl Coordinator {
             workers_changed: Condvar::new(),
             jobs: Mutex::new(HashMap::new()),
             jobs_changed: Condvar::new(),
+            slots: Mutex::new(SlotTable::default()),
+            on_forget: Mutex::new(None),
             next_worker: AtomicU32::new(1),
             addr,
         });
@@ -148,7 +162,7 @@ impl Coordinator {
         self.inner.workers.lock().map(|w| w.len()).unwrap_or(0)
     }
 
-    /// Free slots of live workers.
+    /// Slots live workers offer.
     pub fn slots(&self) -> u32 {
         self.inner
             .workers
@@ -157,38 +171,63 @@ impl Coordinator {
             .unwrap_or(0)
     }
 
-    /// Submits a job; returns its status (the job id is in it). The job must be registered
-    /// with this coordinator's factory and its parameters must build; otherwise nothing is
-    /// recorded or started and the error says why in one line. `restore` resumes from a
-    /// checkpoint (coordinator restart).
+    /// Slots of live workers: offered in all, and reserved by jobs that have not ended.
+    pub fn slots_reserved(&self) -> (u32, u32) {
+        let Ok(workers) = self.inner.workers.lock() else {
+            return (0, 0);
+        };
+        let offered = offered_slots(&workers);
+        let reserved = self.inner.slots.lock().map_or(0, |t| t.reserved(&offered));
+        (offered.values().sum(), reserved)
+    }
+
+    /// Calls `f` with the id of every job the bounded history lets go (so that whoever lists
+    /// jobs, the REST API, forgets them too).
+    pub fn on_forget(&self, f: impl Fn(&str) + Send + Sync + 'static) {
+        if let Ok(mut hook) = self.inner.on_forget.lock() {
+            *hook = Some(Box::new(f));
+        }
+    }
+
+    /// Submits a job; returns its status (the job id is in it). Everything that can be known
+    /// before deployment is checked here, and an error says why in one line with nothing
+    /// recorded or started: the job must be registered with this coordinator's factory, its
+    /// parameters must build, its configuration validate, a `--from` path must be absolute and
+    /// hold a checkpoint that verifies and fits the job, `--from latest` must name one job's
+    /// checkpoints, and its sinks must initialize (an output that is a file, a savepoint
+    /// resumed into another output). `resume`: a restarted coordinator resuming job `resume`.
     pub fn submit(
         &self,
         submission: JobSubmission,
-        restore: Option<RestoreFrom>,
-        job_id: Option<String>,
+        resume: Option<String>,
     ) -> Result<Arc<JobStatus>, String> {
         if !self.inner.opts.factory.has_job(&submission.job) {
             return Err(format!("unknown job '{}'", submission.job));
         }
         let factory = self.inner.opts.factory.as_ref();
         let graph = factory.build(&submission.job, &submission.params, submission.seed)?;
+        if let Some(uid) = Vec::<String>::new().first()
+        /* MERGE: graph.stdout_sinks() */
+        {
+            return Err(format!(
+                "job '{}' would print its output (sink '{uid}') on a worker's standard output; give it an output (e.g. --output DIR)",
+                submission.job
+            ));
+        }
         let inject = super::inject_spec(factory, &submission)?;
-        let submitted_from = match submission.from.as_deref() {
-            None => None,
-            Some("latest") => Some(RestoreFrom::Latest),
-            Some("") => {
-                return Err("--from needs a checkpoint or savepoint path, or 'latest'".into())
-            }
-            Some(p) => Some(RestoreFrom::Path(PathBuf::from(p))),
-        };
-        // A resumed job continues from its latest checkpoint, or from its `--from` if it
-        // completed none; a new one from its `--from`.
-        let restore = match restore {
-            Some(RestoreFrom::Resume { job_id, .. }) => Some(RestoreFrom::Resume {
+        let mut submission = submission;
+        let from = self.resolve_from(&submission, resume.as_deref())?;
+        if let Some(RestoreFrom::Path(p)) = &from {
+            // Recorded resolved: a restarted coordinator resumes from this very snapshot.
+            submission.from = Some(p.display().to_string());
+            submission.from_job = None;
+        }
+        let restore = match resume.clone() {
+            Some(job_id) => Some(RestoreFrom::Resume {
                 job_id,
-                otherwise: submitted_from.map(Box::new),
+                otherwise: from.map(Box::new),
             }),
-            other => other.or(submitted_from),
+            None => from,
         };
         let mut config = submission.config.clone();
         if let Some(url) = &config.checkpoints_s3 {
@@ -210,31 +249,30 @@ impl Coordinator {
                 submission.job
             )
         })?;
-        let job_id = job_id.unwrap_or_else(|| format!("{:032x}", fastrand::u128(..)));
-        // Remember how to rebuild the job, so a restarted coordinator can resume it.
+        let job_id = resume.unwrap_or_else(|| format!("{:032x}", fastrand::u128(..)));
+        let status = JobStatus::new(job_id.clone(), graph.name().to_string(), config.describe());
+        let opts = RunOptions {
+            config,
+            restore,
+            status: Some(status.clone()),
+            job_id: Some(job_id.clone()),
+            ..RunOptions::default()
+        };
+        // The checkpoint is found, loaded and verified, the sinks initialized — or the job is
+        // refused here, before anything is recorded.
+        let prepared = prepare_job(&graph, opts).map_err(|e| e.to_string())?;
+        let job_id = prepared.job_id().to_string();
         let record = JobRecord {
             submission: submission.clone(),
             fingerprint: fingerprint.clone(),
         };
-        record.write(&self.inner.opts.checkpoint_dir.join(&job_id))?;
-        let status = JobStatus::new(job_id.clone(), graph.name().to_string(), config.describe());
-        if let Ok(mut jobs) = self.inner.jobs.lock() {
-            jobs.insert(
-                job_id.clone(),
-                JobEntry {
-                    events: None,
-                    attempts: HashMap::new(),
-                    status: status.clone(),
-                    cancel_acks: Default::default(),
-                    checks: HashMap::new(),
-                },
-            );
-        }
-        let inner = self.inner.clone();
-        let status2 = status.clone();
+        let job_dir = self.inner.opts.checkpoint_dir.join(&job_id);
+        record.write(&job_dir)?;
+        self.inner.add_job(&job_id, status.clone())?;
         let mut executor = ClusterExecutor {
-            inner: inner.clone(),
+            inner: self.inner.clone(),
             job_id: job_id.clone(),
+            status: status.clone(),
             job: submission.job.clone(),
             params,
             seed: submission.seed,
@@ -242,58 +280,161 @@ impl Coordinator {
             inject,
             inject_uid: submission.inject.and_then(|i| i.uid_prefix),
         };
-        std::thread::Builder::new()
+        let inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
             .name(format!("job-{}", &job_id[..8.min(job_id.len())]))
             .spawn(move || {
-                let opts = RunOptions {
-                    config,
-                    restore,
-                    status: Some(status2),
-                    job_id: Some(job_id.clone()),
-                    ..RunOptions::default()
-                };
-                let result = run_job_with(&graph, opts, &mut executor);
-                match &result {
-                    Ok(s) => {
-                        info!(
-                            "job {job_id} finished: {} checkpoints, {} restarts",
-                            s.checkpoints.len(),
-                            s.restarts
-                        );
-                        let _ = std::fs::write(
-                            inner.opts.checkpoint_dir.join(&job_id).join("_finished"),
-                            b"",
-                        );
-                    }
-                    Err(JobError::Canceled) => {
-                        info!("job {job_id} cancelled");
-                        let _ = std::fs::write(
-                            inner.opts.checkpoint_dir.join(&job_id).join("_finished"),
-                            b"",
-                        );
-                    }
-                    Err(e) => warn!("job {job_id} failed: {e}"),
-                }
-            })
-            .map_err(|e| e.to_string())?;
+                let result = prepared.run(&graph, &mut executor);
+                inner.job_ended(&executor.job_id, &executor.status, result);
+            });
+        if let Err(e) = spawned {
+            let cause = format!("cannot start the job master: {e}");
+            self.inner
+                .job_ended(&job_id, &status, Err(JobError::Setup(cause.clone())));
+            return Err(cause);
+        }
         Ok(status)
     }
 
-    /// Resumes the jobs recorded in the checkpoint directory that did not finish. A damaged
-    /// or unreadable `_job` record is refused, with its path, and that job is not resumed.
+    /// Where a submission starts from. A path must be absolute (the client resolves a
+    /// relative one; the coordinator's directory means nothing to the user). `latest` is the
+    /// newest completed checkpoint of one job in this coordinator's directory: the one
+    /// `from_job` names, or the one job of the submitted name that has completed checkpoints —
+    /// never another job's, never a guess between several. A job that still runs here is
+    /// refused (stop or cancel it first). The new job gets its own id (the checkpoint stays
+    /// the old job's). A resumed job keeps its recorded path.
+    fn resolve_from(
+        &self,
+        submission: &JobSubmission,
+        resume: Option<&str>,
+    ) -> Result<Option<RestoreFrom>, String> {
+        let latest = match submission.from.as_deref() {
+            None => return Ok(None),
+            Some("") => {
+                return Err("--from needs a checkpoint or savepoint path, or 'latest'".into())
+            }
+            Some("latest") if resume.is_none() => true,
+            Some("latest") => return Ok(None),
+            Some(p) => {
+                let path = PathBuf::from(p);
+                if !path.is_absolute() {
+                    return Err(format!(
+                        "--from {p}: a path sent to a coordinator must be absolute (`cairn submit` makes it so)"
+                    ));
+                }
+                false
+            }
+        };
+        if !latest {
+            return Ok(submission
+                .from
+                .as_deref()
+                .map(|p| RestoreFrom::Path(p.into())));
+        }
+        let root = &self.inner.opts.checkpoint_dir;
+        let storage = FsStorage::open(root).map_err(|e| e.to_string())?;
+        let job_id = match &submission.from_job {
+            Some(id) => {
+                if !root.join(id).join(JOB_RECORD).is_file() {
+                    return Err(format!(
+                        "--from latest --job {id}: no job {id} under {}",
+                        root.display()
+                    ));
+                }
+                id.clone()
+            }
+            None => self.only_job_with_checkpoints(&storage, &submission.job)?,
+        };
+        if let Some(state) = self.live_state(&job_id) {
+            return Err(format!(
+                "--from latest: job {job_id} is {state}; stop it with a savepoint or cancel it first"
+            ));
+        }
+        let Some(id) = newest_completed(&storage, &job_id) else {
+            return Err(format!(
+                "--from latest: job {job_id} completed no checkpoint under {}; submit without --from to start fresh",
+                root.display()
+            ));
+        };
+        let path = root.join(checkpoint_dir(&job_id, id));
+        info!(
+            "--from latest: job {job_id}'s newest completed checkpoint is {}",
+            path.display()
+        );
+        Ok(Some(RestoreFrom::Path(path)))
+    }
+
+    /// The one recorded job named `name` with a completed checkpoint.
+    fn only_job_with_checkpoints(&self, storage: &FsStorage, name: &str) -> Result<String, String> {
+        let root = &self.inner.opts.checkpoint_dir;
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(root)
+            .map_err(|e| format!("cannot read {}: {e}", root.display()))?
+            .flatten()
+        {
+            let dir = entry.path();
+            let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+                continue;
+            };
+            let Ok(record) = JobRecord::read(&dir) else {
+                continue;
+            };
+            if record.submission.job == name && newest_completed(storage, &id).is_some() {
+                found.push(id);
+            }
+        }
+        found.sort();
+        match found.len() {
+            0 => Err(format!(
+                "--from latest: no job '{name}' under {} completed a checkpoint; submit without --from to start fresh",
+                root.display()
+            )),
+            1 => Ok(found.remove(0)),
+            _ => Err(format!(
+                "--from latest is ambiguous: jobs {} ('{name}') have checkpoints under {}; name one with --job ID",
+                found.join(", "),
+                root.display()
+            )),
+        }
+    }
+
+    /// The state of job `job_id` if it runs here (has not ended).
+    fn live_state(&self, job_id: &str) -> Option<JobState> {
+        let jobs = self.inner.jobs.lock().ok()?;
+        let state = jobs.get(job_id)?.status.view_state();
+        (!state.is_ended()).then_some(state)
+    }
+
+    /// Resumes the jobs recorded in the checkpoint directory that did not end, and lists the
+    /// newest ended ones (up to the history's capacity). A damaged or unreadable `_job` or
+    /// `_end` record is refused, with its path, and that job is not resumed. A job whose
+    /// resumption fails (its newest checkpoint does not verify, say) ends FAILED with the
+    /// cause, recorded, so it is not tried again.
     pub fn resume_recorded_jobs(&self) -> Vec<Arc<JobStatus>> {
         let mut out = Vec::new();
-        let Ok(entries) = std::fs::read_dir(&self.inner.opts.checkpoint_dir) else {
+        let root = self.inner.opts.checkpoint_dir.clone();
+        let Ok(entries) = std::fs::read_dir(&root) else {
             return out;
         };
+        let mut ended = Vec::new();
         for e in entries.flatten() {
             let dir = e.path();
-            if !dir.join(JOB_RECORD).is_file() || dir.join("_finished").exists() {
+            if !dir.join(JOB_RECORD).is_file() {
                 continue;
             }
             let Some(job_id) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
                 continue;
             };
+            if dir.join(LEGACY_FINISHED).exists() {
+                continue;
+            }
+            if dir.join(END_RECORD).exists() {
+                match EndRecord::read(&dir) {
+                    Ok(end) => ended.push((end.end_time, job_id, end)),
+                    Err(e) => error!("job {job_id} not resumed: {e}"),
+                }
+                continue;
+            }
             let record = match JobRecord::read(&dir) {
                 Ok(r) => r,
                 Err(e) => {
@@ -305,58 +446,140 @@ impl Coordinator {
                 "resuming job {job_id} ({}) from its latest checkpoint",
                 record.submission.job
             );
-            let resume = RestoreFrom::Resume {
-                job_id: job_id.clone(),
-                otherwise: None,
-            };
-            match self.submit(record.submission, Some(resume), Some(job_id.clone())) {
+            match self.submit(record.submission.clone(), Some(job_id.clone())) {
                 Ok(s) => out.push(s),
-                Err(e) => error!("cannot resume job {job_id}: {e}"),
+                Err(e) => {
+                    error!("cannot resume job {job_id}: {e}");
+                    let name = record.submission.job.clone();
+                    let status = JobStatus::new(job_id.clone(), name, Vec::new());
+                    status.fail(Actor::Coordinator, &format!("cannot resume the job: {e}"));
+                    if self.inner.add_job(&job_id, status.clone()).is_ok() {
+                        self.inner
+                            .job_ended(&job_id, &status, Err(JobError::Setup(e)));
+                        out.push(status);
+                    }
+                }
+            }
+        }
+        // The newest ended jobs, as many as the history keeps.
+        ended.sort_by(|a, b| b.0.cmp(&a.0));
+        ended.truncate(self.inner.opts.history);
+        for (_, job_id, end) in ended.into_iter().rev() {
+            let status = end.status(job_id.clone());
+            if self.inner.add_job(&job_id, status.clone()).is_ok() {
+                out.push(status);
             }
         }
         out
     }
 }
 
-/// The file in `<checkpoint-dir>/<job-id>/` that records how a job was submitted.
-pub const JOB_RECORD: &str = "_job";
-
-/// What `<job-id>/_job` holds: the submission, and the plan fingerprint it had.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct JobRecord {
-    /// The job as submitted.
-    pub submission: JobSubmission,
-    /// The plan's fingerprint at submission.
-    pub fingerprint: String,
+/// The slots each live worker offers.
+fn offered_slots(workers: &BTreeMap<u32, Arc<WorkerHandle>>) -> BTreeMap<u32, u32> {
+    workers.iter().map(|(id, h)| (*id, h.slots)).collect()
 }
 
-impl JobRecord {
-    /// Writes `dir/_job` atomically: a temporary file, fsynced, renamed over it, the
-    /// directory fsynced; a crash leaves the old record or the new one, never a torn one.
-    pub fn write(&self, dir: &Path) -> Result<(), String> {
-        let path = dir.join(JOB_RECORD);
-        let fail = |e: std::io::Error| format!("cannot record the job in {}: {e}", path.display());
-        std::fs::create_dir_all(dir).map_err(fail)?;
-        let text = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
-        let tmp = dir.join(format!(".{JOB_RECORD}.tmp"));
-        {
-            let mut file = std::fs::File::create(&tmp).map_err(fail)?;
-            file.write_all(&text).map_err(fail)?;
-            file.sync_all().map_err(fail)?;
+impl Inner {
+    /// Adds a job to those the coordinator knows (refused if one with its id has not ended;
+    /// an ended one is replaced).
+    fn add_job(&self, job_id: &str, status: Arc<JobStatus>) -> Result<(), String> {
+        let mut jobs = self
+            .jobs
+            .lock()
+            .map_err(|_| "the coordinator failed".to_string())?;
+        if let Some(old) = jobs.get(job_id) {
+            let state = old.status.view_state();
+            if !state.is_ended() {
+                return Err(format!("job {job_id} is {state} on this coordinator"));
+            }
         }
-        std::fs::rename(&tmp, &path).map_err(fail)?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(fail)
+        jobs.insert(
+            job_id.to_string(),
+            JobEntry {
+                events: None,
+                attempts: HashMap::new(),
+                status,
+                cancel_acks: Default::default(),
+                checks: HashMap::new(),
+            },
+        );
+        Ok(())
     }
 
-    /// Reads `dir/_job`; an unreadable or damaged record is an error naming its path.
-    pub fn read(dir: &Path) -> Result<JobRecord, String> {
-        let path = dir.join(JOB_RECORD);
-        let text =
-            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        serde_json::from_slice(&text)
-            .map_err(|e| format!("damaged job record {}: {e}", path.display()))
+    /// Job `job_id` ended with `result`: its status says how (FAILED with the cause for any
+    /// error but a cancel), `_end` records it durably, its slots and routing are released,
+    /// and the history drops the oldest ended jobs beyond its capacity.
+    fn job_ended(
+        &self,
+        job_id: &str,
+        status: &JobStatus,
+        result: Result<crate::runtime::JobSummary, JobError>,
+    ) {
+        match &result {
+            Ok(s) => info!(
+                "job {job_id} finished: {} checkpoints, {} restarts",
+                s.checkpoints.len(),
+                s.restarts
+            ),
+            Err(JobError::Canceled) => {
+                let _ = status.transition(JobState::Canceled, Actor::Coordinator, None);
+                info!("job {job_id} cancelled");
+            }
+            Err(e) => {
+                status.fail(Actor::Coordinator, &e.to_string());
+                warn!("job {job_id} failed: {e}");
+            }
+        }
+        let dir = self.opts.checkpoint_dir.join(job_id);
+        match EndRecord::of(status) {
+            Some(end) => {
+                if let Err(e) = end.write(&dir) {
+                    error!("job {job_id} ended {} but its end could not be recorded ({e}); a restarted coordinator would resume it", end.state);
+                }
+            }
+            None => error!(
+                "job {job_id} ended in state {}, which is no end",
+                status.view_state()
+            ),
+        }
+        if let Ok(mut slots) = self.slots.lock() {
+            slots.release(job_id);
+        }
+        self.workers_changed.notify_all();
+        let forgotten = {
+            let Ok(mut jobs) = self.jobs.lock() else {
+                return;
+            };
+            if let Some(entry) = jobs.get_mut(job_id) {
+                entry.events = None;
+                entry.attempts.clear();
+                entry.cancel_acks.clear();
+                entry.checks.clear();
+            }
+            let mut ended: Vec<(u64, String)> = jobs
+                .iter()
+                .filter_map(|(id, e)| {
+                    let v = e.status.view();
+                    v.state
+                        .is_ended()
+                        .then(|| (v.end_time.unwrap_or(0), id.clone()))
+                })
+                .collect();
+            ended.sort();
+            let excess = ended.len().saturating_sub(self.opts.history);
+            let forgotten: Vec<String> = ended.into_iter().take(excess).map(|(_, id)| id).collect();
+            for id in &forgotten {
+                jobs.remove(id);
+            }
+            forgotten
+        };
+        if let Ok(hook) = self.on_forget.lock() {
+            if let Some(f) = hook.as_ref() {
+                for id in &forgotten {
+                    f(id);
+                }
+            }
+        }
     }
 }
 
@@ -568,6 +791,7 @@ impl RemoteMailbox for RemoteTask {
 pub struct ClusterExecutor {
     inner: Arc<Inner>,
     job_id: String,
+    status: Arc<JobStatus>,
     job: String,
     /// The parameters as JSON text.
     params: String,
@@ -577,10 +801,59 @@ pub struct ClusterExecutor {
     inject_uid: Option<String>,
 }
 
+/// How often a wait of the job master (for slots, for a job check) looks at a cancel.
+const WAIT_STEP: Duration = Duration::from_millis(100);
+
 /// How long a deployment waits for the workers to answer a job check.
 const JOB_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ClusterExecutor {
+    /// Reserves the job's slots (keeping those it holds on live workers), waiting up to
+    /// `--slot-wait` for enough to be free; a cancel ends the wait at once. Returns the
+    /// worker of each slot and the live workers.
+    #[allow(clippy::type_complexity)]
+    fn reserve_slots(
+        &self,
+        needed: u32,
+    ) -> Result<(Vec<u32>, Vec<(u32, Arc<WorkerHandle>)>), TaskError> {
+        let deadline = Instant::now() + self.inner.opts.slot_wait;
+        let mut workers = self
+            .inner
+            .workers
+            .lock()
+            .map_err(|_| TaskError::Cancelled)?;
+        loop {
+            let offered = offered_slots(&workers);
+            let reserved = match self.inner.slots.lock() {
+                Ok(mut t) => t.reserve(&self.job_id, needed, &offered),
+                Err(_) => return Err(TaskError::Cancelled),
+            };
+            let shortage = match reserved {
+                Ok(owners) => {
+                    let live = workers.iter().map(|(id, h)| (*id, h.clone())).collect();
+                    return Ok((owners, live));
+                }
+                Err(shortage) => shortage,
+            };
+            if self.status.cancel_requested() {
+                return Err(TaskError::Cancelled);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(TaskError::msg(format!(
+                    "{shortage} (waited {:?}, --slot-wait)",
+                    self.inner.opts.slot_wait
+                )));
+            }
+            workers = self
+                .inner
+                .workers_changed
+                .wait_timeout(workers, (deadline - now).min(WAIT_STEP))
+                .map_err(|_| TaskError::Cancelled)?
+                .0;
+        }
+    }
+
     /// Asks every worker the attempt uses whether it can build the job and plans the same
     /// graph, before anything is deployed; a refusal fails the job at once (no restart can
     /// make a worker's binary have the job).
@@ -614,6 +887,9 @@ impl ClusterExecutor {
                     "worker {gone} was lost before it answered the job check"
                 )));
             }
+            if self.status.cancel_requested() {
+                return Err(TaskError::Cancelled);
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Err(TaskError::msg(format!(
@@ -624,7 +900,7 @@ impl ClusterExecutor {
             jobs = self
                 .inner
                 .jobs_changed
-                .wait_timeout(jobs, (deadline - now).min(Duration::from_millis(100)))
+                .wait_timeout(jobs, (deadline - now).min(WAIT_STEP))
                 .map_err(|_| TaskError::Cancelled)?
                 .0;
         }
@@ -641,41 +917,7 @@ struct ClusterDeployment {
 
 impl Executor for ClusterExecutor {
     fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError> {
-        let needed = req.plan.slots_needed();
-        // Wait for enough slots (a new worker may join at any time).
-        let deadline = Instant::now() + self.inner.opts.slot_wait;
-        let workers: Vec<(u32, Arc<WorkerHandle>)> = {
-            let mut w = self
-                .inner
-                .workers
-                .lock()
-                .map_err(|_| TaskError::Cancelled)?;
-            loop {
-                let have: u32 = w.values().map(|h| h.slots).sum();
-                if have >= needed {
-                    break w.iter().map(|(id, h)| (*id, h.clone())).collect();
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(TaskError::msg(format!(
-                        "not enough task slots: the job needs {needed}, the live workers offer {have}"
-                    )));
-                }
-                w = self
-                    .inner
-                    .workers_changed
-                    .wait_timeout(w, deadline - now)
-                    .map_err(|_| TaskError::Cancelled)?
-                    .0;
-            }
-        };
-        // Slot s holds subtask s of every vertex (slot sharing).
-        let mut slot_owner = Vec::with_capacity(needed as usize);
-        for (id, h) in &workers {
-            for _ in 0..h.slots {
-                slot_owner.push(*id);
-            }
-        }
+        let (slot_owner, workers) = self.reserve_slots(req.plan.slots_needed())?;
         let descriptions = req.plan.task_descriptions(req.graph);
         let assignment: Vec<u32> = descriptions
             .iter()
@@ -831,69 +1073,4 @@ impl Deployed for ClusterDeployment {
     }
 
     fn join(self: Box<Self>) {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record() -> JobRecord {
-        JobRecord {
-            submission: JobSubmission {
-                job: "fraud".into(),
-                params: serde_json::json!({"threshold": 500, "output": "/out"}),
-                config: crate::config::JobConfig::default(),
-                from: Some("latest".into()),
-                inject: Some(super::super::InjectRequest {
-                    count: 2,
-                    uid_prefix: None,
-                }),
-                seed: 7,
-            },
-            fingerprint: "0123456789abcdef".into(),
-        }
-    }
-
-    #[test]
-    fn a_job_record_is_written_whole_and_read_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let job_dir = dir.path().join("job-1");
-        record().write(&job_dir).unwrap();
-        let back = JobRecord::read(&job_dir).unwrap();
-        assert_eq!(back.submission.params["threshold"], 500);
-        assert_eq!(back.submission.seed, 7);
-        assert_eq!(back.fingerprint, "0123456789abcdef");
-        assert_eq!(back.submission.config, crate::config::JobConfig::default());
-        // Nothing but the record is left: the temporary file was renamed over it.
-        let names: Vec<String> = std::fs::read_dir(&job_dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, [JOB_RECORD]);
-    }
-
-    #[test]
-    fn a_damaged_or_missing_job_record_is_refused_naming_its_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let job_dir = dir.path().join("job-1");
-        record().write(&job_dir).unwrap();
-        let path = job_dir.join(JOB_RECORD);
-        let whole = std::fs::read(&path).unwrap();
-        for damaged in [
-            &whole[..whole.len() / 2],
-            b"wordcount\n--generate\n10\n",
-            b"",
-        ] {
-            std::fs::write(&path, damaged).unwrap();
-            let e = JobRecord::read(&job_dir).unwrap_err();
-            assert!(
-                e.starts_with(&format!("damaged job record {}", path.display())),
-                "{e}"
-            );
-        }
-        std::fs::remove_file(&path).unwrap();
-        let e = JobRecord::read(&job_dir).unwrap_err();
-        assert!(e.contains(&path.display().to_string()), "{e}");
-    }
 }

@@ -19,6 +19,8 @@
 pub mod coordinator;
 pub mod frame;
 pub mod protocol;
+pub mod records;
+mod slots;
 pub mod worker;
 
 use serde::{Deserialize, Serialize};
@@ -41,6 +43,10 @@ pub struct JobSubmission {
     /// Where to start from: a checkpoint or savepoint path, or `latest`.
     #[serde(default)]
     pub from: Option<String>,
+    /// With `from: latest`: the job (id) whose latest checkpoint; without it, the one job of
+    /// this name that has checkpoints.
+    #[serde(default)]
+    pub from_job: Option<String>,
     /// Failures to inject (`--inject-failures`).
     #[serde(default)]
     pub inject: Option<InjectRequest>,

@@ -19,7 +19,7 @@ use super::inject::FailureInjector;
 use super::master::{JobMaster, MasterSetup};
 pub use super::plan::{plan, Plan, TaskDescription};
 use super::restart::RestartTracker;
-use super::status::JobStatus;
+use super::status::{Actor, JobState, JobStatus};
 use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CheckpointSettings, CompletedCheckpoint};
 use crate::checkpoint::restore::checkpoint_ids;
@@ -35,6 +35,8 @@ use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
 pub enum RestoreFrom {
     /// The newest usable checkpoint under the checkpoint directory (fresh if there is none).
     Latest,
+    /// The newest completed checkpoint of job `0` under the checkpoint directory.
+    LatestOf(String),
     /// A checkpoint directory (`.../<job-id>/chk-<n>`) or its `_metadata`.
     Path(PathBuf),
     /// Job `job_id` again (a restarted coordinator resuming its jobs): from its own newest
@@ -162,12 +164,67 @@ pub fn run_job(graph: &JobGraph, opts: RunOptions) -> Result<JobSummary, JobErro
 }
 
 /// Runs a job whose subtasks `executor` deploys (in this process, or on workers) until it
-/// finishes or fails for good. This thread is the job master.
+/// finishes or fails for good. This thread is the job master. Whatever ends the run other than
+/// a cancel leaves the job's status FAILED with the cause.
 pub fn run_job_with(
     graph: &JobGraph,
-    opts: RunOptions,
+    mut opts: RunOptions,
     executor: &mut dyn Executor,
 ) -> Result<JobSummary, JobError> {
+    let status = opts.status.clone().unwrap_or_else(|| {
+        let id = opts.job_id.clone().unwrap_or_else(new_job_id);
+        JobStatus::new(id, graph.name().to_string(), opts.config.describe())
+    });
+    opts.status = Some(status.clone());
+    let result = prepare_job(graph, opts).and_then(|job| job.run(graph, executor));
+    match &result {
+        Err(JobError::Canceled) => {
+            let _ = status.transition(JobState::Canceled, Actor::Coordinator, None);
+        }
+        Err(e) => {
+            status.fail(Actor::Coordinator, &e.to_string());
+        }
+        Ok(_) => {}
+    }
+    result
+}
+
+/// A job ready to run: planned, its checkpoint storage open, the checkpoint it starts from
+/// found, loaded, verified and checked against the job, its sinks initialized. Everything
+/// that can be known wrong before anything is deployed was checked by [`prepare_job`].
+pub struct PreparedJob {
+    opts: RunOptions,
+    plan: Plan,
+    started: Instant,
+    storage: Arc<dyn CheckpointStorage>,
+    job_id: String,
+    restored: Option<LoadedCheckpoint>,
+    started_fresh: bool,
+    claimed: bool,
+    claimed_external: Option<PathBuf>,
+    status: Arc<JobStatus>,
+}
+
+impl PreparedJob {
+    /// The job's id (a restored checkpoint's when the job continues it).
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    /// The job's live status.
+    pub fn status(&self) -> &Arc<JobStatus> {
+        &self.status
+    }
+
+    /// Where the job starts from, if from a checkpoint or savepoint (its location).
+    pub fn restored_from(&self) -> Option<&str> {
+        self.restored.as_ref().map(|c| c.location.as_str())
+    }
+}
+
+/// Prepares a run of `graph` (see [`PreparedJob`]): no thread is started and nothing is
+/// deployed, so an error here is the job's whole story.
+pub fn prepare_job(graph: &JobGraph, opts: RunOptions) -> Result<PreparedJob, JobError> {
     let started = Instant::now();
     let config = &opts.config;
     config
@@ -179,8 +236,6 @@ pub fn run_job_with(
         ));
     }
     let plan = plan(graph, config)?;
-    let checkpointing = config.checkpointing_enabled();
-    let metrics = opts.metrics.clone().unwrap_or_default();
 
     // Checkpoint storage: the configured directory or S3 location, or coordinator memory.
     let (dir_storage, fs_root) = open_checkpoint_storage(config)?;
@@ -257,6 +312,22 @@ pub fn run_job_with(
                 }
             }
         }
+        Some(RestoreFrom::LatestOf(of)) => {
+            let Some(fs) = &dir_storage else {
+                return Err(JobError::Restore(
+                    "--from latest needs a checkpoint directory (--checkpoint-dir or state.checkpoints.dir)".into(),
+                ));
+            };
+            let Some(c) = find_latest_of(fs.as_ref(), Some(of)).map_err(JobError::Restore)? else {
+                return Err(JobError::Restore(format!(
+                    "--from latest --job {of}: job {of} has no completed checkpoint under {}",
+                    fs.location("")
+                )));
+            };
+            job_id = c.metadata.job_id.clone();
+            claimed = true;
+            restored = Some(c);
+        }
         Some(RestoreFrom::Path(p)) => {
             // NO_CLAIM (default): the snapshot stays the user's — the job gets its own id and
             // directory, so neither retention nor a cancel ever touches it. CLAIM: it becomes
@@ -277,7 +348,6 @@ pub fn run_job_with(
             restored = Some(c);
         }
     }
-    let restored_from = restored.as_ref().map(|c| c.location.clone());
     let status = opts.status.clone().unwrap_or_else(|| {
         JobStatus::new(job_id.clone(), graph.name().to_string(), config.describe())
     });
@@ -325,111 +395,154 @@ pub fn run_job_with(
         }
     }
 
-    let coordinator = checkpointing.then(|| {
-        let settings = CheckpointSettings {
-            interval: config.checkpoint_interval.unwrap_or(Duration::from_secs(1)),
-            timeout: config.checkpoint_timeout,
-            min_pause: config.min_pause,
-            // Unaligned checkpoints run one at a time (as in Flink).
-            max_concurrent: if config.unaligned_enabled {
-                1
-            } else {
-                config.max_concurrent_checkpoints.max(1)
-            },
-            tolerable_failed: config.tolerable_failed_checkpoints,
-            num_retained: config.num_retained.max(1),
-            barrier_kind: barrier_kind(config),
-        };
-        // Continuing its own directory, the job never reuses the id of a directory there (one
-        // newer than the restored checkpoint, when an older one was picked by path).
-        let newest_dir = if claimed {
-            checkpoint_ids(storage.as_ref(), &job_id).last().copied()
-        } else {
-            None
-        };
-        let min_next = restored
-            .as_ref()
-            .map_or(1, |c| c.id() + 1)
-            .max(newest_dir.map_or(0, |n| n + 1));
-        let mut c = CheckpointCoordinator::new(
-            settings,
-            storage.clone(),
-            job_id.clone(),
-            graph.name().to_string(),
-            plan.max_parallelism,
-            min_next,
-            (Instant::now(), crate::checkpoint::now_ms()),
-        );
-        if claimed {
-            if let Some(r) = &restored {
-                c.adopt_retained(r.id());
-            }
-        }
-        // Shared files left by checkpoints that never completed, or by retained ones deleted
-        // before a crash: nothing is in flight yet.
-        c.collect_shared_garbage(u64::MAX);
-        if let (Some(dir), Some(r)) = (claimed_external.take(), &restored) {
-            info!("claiming {}: it is deleted once subsumed", r.location);
-            c.claim_external(
-                r.location.clone(),
-                Box::new(move || {
-                    std::fs::remove_dir_all(&dir)
-                        .map_err(|e| format!("cannot delete {}: {e}", dir.display()))
-                }),
-            );
-        }
-        c
-    });
-
-    let candidates = plan.vertices_with_head_prefix(graph, opts.inject_target.0.as_deref());
-    let injector = opts.inject.map(|s| {
-        Arc::new(FailureInjector::among(
-            candidates.clone(),
-            s.count,
-            s.seed,
-            s.expected_records,
-        ))
-    });
-    let (events_tx, events_rx) = crossbeam_channel::unbounded::<JobEvent>();
-    let regions = plan.regions(graph);
-    let region_failover = regions.len() > 1 && config.failover_strategy == FailoverStrategy::Region;
-    let setup = MasterSetup {
-        graph,
-        deployer: Deployer {
-            graph,
-            plan: &plan,
-            config,
-            events: &events_tx,
-            storage: &storage,
-            job_id: &job_id,
-            injector: &injector,
-            metrics: &metrics,
-        },
-        events: events_rx,
-        coordinator,
-        status: status.clone(),
-        restarts: RestartTracker::new(config.effective_restart_strategy()),
-        regions,
-        region_failover,
-        restored,
-        metrics: metrics.clone(),
-        on_progress: opts.on_progress.clone(),
+    // Commit what the restored checkpoint pre-committed, discard the rest: a sink that cannot
+    // (its output is not a directory, a savepoint resumed into another output) fails here.
+    super::master::init_sinks(graph, &job_id, restored.as_ref(), |_| true)?;
+    Ok(PreparedJob {
+        plan,
         started,
-    };
-    let finished = JobMaster::start(setup, executor)?.run()?;
-    Ok(JobSummary {
-        job_id: job_id.clone(),
-        job_name: graph.name().to_string(),
-        elapsed: started.elapsed(),
-        records: metrics.records.load(Ordering::Relaxed),
-        checkpoints: finished.checkpoints,
-        failed_checkpoints: finished.failed_checkpoints,
-        restarts: finished.restarts,
-        injected: injector.as_ref().map(|i| (i.fired(), i.planned())),
-        restored_from,
+        storage,
+        job_id,
+        restored,
         started_fresh,
-        savepoints: status.view().savepoints,
+        claimed,
+        claimed_external,
+        status,
+        opts,
     })
+}
+
+impl PreparedJob {
+    /// Runs the prepared job until it finishes or fails for good; `executor` deploys its
+    /// subtasks. This thread is the job master.
+    pub fn run(
+        self,
+        graph: &JobGraph,
+        executor: &mut dyn Executor,
+    ) -> Result<JobSummary, JobError> {
+        let PreparedJob {
+            opts,
+            plan,
+            started,
+            storage,
+            job_id,
+            restored,
+            started_fresh,
+            claimed,
+            mut claimed_external,
+            status,
+        } = self;
+        let config = &opts.config;
+        let checkpointing = config.checkpointing_enabled();
+        let metrics = opts.metrics.clone().unwrap_or_default();
+        let restored_from = restored.as_ref().map(|c| c.location.clone());
+        let coordinator = checkpointing.then(|| {
+            let settings = CheckpointSettings {
+                interval: config.checkpoint_interval.unwrap_or(Duration::from_secs(1)),
+                timeout: config.checkpoint_timeout,
+                min_pause: config.min_pause,
+                // Unaligned checkpoints run one at a time (as in Flink).
+                max_concurrent: if config.unaligned_enabled {
+                    1
+                } else {
+                    config.max_concurrent_checkpoints.max(1)
+                },
+                tolerable_failed: config.tolerable_failed_checkpoints,
+                num_retained: config.num_retained.max(1),
+                barrier_kind: barrier_kind(config),
+            };
+            // Continuing its own directory, the job never reuses the id of a directory there (one
+            // newer than the restored checkpoint, when an older one was picked by path).
+            let newest_dir = if claimed {
+                checkpoint_ids(storage.as_ref(), &job_id).last().copied()
+            } else {
+                None
+            };
+            let min_next = restored
+                .as_ref()
+                .map_or(1, |c| c.id() + 1)
+                .max(newest_dir.map_or(0, |n| n + 1));
+            let mut c = CheckpointCoordinator::new(
+                settings,
+                storage.clone(),
+                job_id.clone(),
+                graph.name().to_string(),
+                plan.max_parallelism,
+                min_next,
+                (Instant::now(), crate::checkpoint::now_ms()),
+            );
+            if claimed {
+                if let Some(r) = &restored {
+                    c.adopt_retained(r.id());
+                }
+            }
+            // Shared files left by checkpoints that never completed, or by retained ones deleted
+            // before a crash: nothing is in flight yet.
+            c.collect_shared_garbage(u64::MAX);
+            if let (Some(dir), Some(r)) = (claimed_external.take(), &restored) {
+                info!("claiming {}: it is deleted once subsumed", r.location);
+                c.claim_external(
+                    r.location.clone(),
+                    Box::new(move || {
+                        std::fs::remove_dir_all(&dir)
+                            .map_err(|e| format!("cannot delete {}: {e}", dir.display()))
+                    }),
+                );
+            }
+            c
+        });
+
+        let candidates = plan.vertices_with_head_prefix(graph, opts.inject_target.0.as_deref());
+        let injector = opts.inject.map(|s| {
+            Arc::new(FailureInjector::among(
+                candidates.clone(),
+                s.count,
+                s.seed,
+                s.expected_records,
+            ))
+        });
+        let (events_tx, events_rx) = crossbeam_channel::unbounded::<JobEvent>();
+        let regions = plan.regions(graph);
+        let region_failover =
+            regions.len() > 1 && config.failover_strategy == FailoverStrategy::Region;
+        let setup = MasterSetup {
+            graph,
+            deployer: Deployer {
+                graph,
+                plan: &plan,
+                config,
+                events: &events_tx,
+                storage: &storage,
+                job_id: &job_id,
+                injector: &injector,
+                metrics: &metrics,
+            },
+            events: events_rx,
+            coordinator,
+            status: status.clone(),
+            restarts: RestartTracker::new(config.effective_restart_strategy()),
+            regions,
+            region_failover,
+            restored,
+            metrics: metrics.clone(),
+            on_progress: opts.on_progress.clone(),
+            started,
+        };
+        let finished = JobMaster::start(setup, executor)?.run()?;
+        Ok(JobSummary {
+            job_id: job_id.clone(),
+            job_name: graph.name().to_string(),
+            elapsed: started.elapsed(),
+            records: metrics.records.load(Ordering::Relaxed),
+            checkpoints: finished.checkpoints,
+            failed_checkpoints: finished.failed_checkpoints,
+            restarts: finished.restarts,
+            injected: injector.as_ref().map(|i| (i.fired(), i.planned())),
+            restored_from,
+            started_fresh,
+            savepoints: status.view().savepoints,
+        })
+    }
 }
 
 /// The checkpoint storage `state.checkpoints.dir` names (a local directory or an S3

@@ -10,6 +10,7 @@ pub mod gate;
 pub mod graph;
 pub mod inject;
 pub mod job;
+pub mod lifecycle;
 pub mod master;
 pub mod operators;
 pub mod plan;
@@ -22,6 +23,7 @@ pub use job::{
     run_job, run_job_with, InjectSpec, InjectTarget, JobError, JobSummary, Progress, RestoreFrom,
     RunOptions,
 };
+pub use lifecycle::{Actor, Lifecycle, Transition};
 pub use status::{
     ExceptionView, JobCommand, JobState, JobStatus, JobStatusView, SavepointKind, SavepointState,
     SavepointStatus, VertexInput, VertexView,

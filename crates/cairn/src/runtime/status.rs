@@ -11,33 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::CheckpointMetadata;
 
-/// Flink's job states (the subset cairn uses).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum JobState {
-    /// Accepted, not yet deployed.
-    Created,
-    /// Tasks are running.
-    Running,
-    /// A failure happened; tasks are being restored.
-    Restarting,
-    /// All tasks finished.
-    Finished,
-    /// Failed for good.
-    Failed,
-    /// Cancelled by the user.
-    Canceled,
-}
-
-impl JobState {
-    /// Whether the job will not change state again.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Finished | JobState::Failed | JobState::Canceled
-        )
-    }
-}
+pub use super::lifecycle::{Actor, JobState, Lifecycle, Transition};
 
 /// How many checkpoints are in which state.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -126,6 +100,8 @@ pub struct JobStatusView {
     pub name: String,
     /// Current state.
     pub state: JobState,
+    /// The transitions that led to it, with their times and causes (bounded).
+    pub lifecycle: Lifecycle,
     /// Start time (ms since the Unix epoch).
     pub start_time: u64,
     /// End time, once terminal.
@@ -208,12 +184,14 @@ pub struct JobStatus {
 impl JobStatus {
     /// A status in state CREATED.
     pub fn new(jid: String, name: String, config: Vec<(String, String)>) -> Arc<Self> {
+        let now = crate::checkpoint::now_ms();
         Arc::new(JobStatus {
             view: RwLock::new(JobStatusView {
                 jid,
                 name,
                 state: JobState::Created,
-                start_time: crate::checkpoint::now_ms(),
+                lifecycle: Lifecycle::new(now),
+                start_time: now,
                 end_time: None,
                 restarts: 0,
                 failure_cause: None,
@@ -232,6 +210,27 @@ impl JobStatus {
             completed_seen: std::sync::atomic::AtomicUsize::new(0),
             nudge: crossbeam_channel::bounded(1),
         })
+    }
+
+    /// The status of a job that ended before this process knew it (read back from a record).
+    pub fn ended(
+        jid: String,
+        name: String,
+        state: JobState,
+        cause: Option<String>,
+        (start_time, end_time): (u64, u64),
+        restarts: u32,
+    ) -> Arc<Self> {
+        let status = JobStatus::new(jid, name, Vec::new());
+        status.update(|v| {
+            v.lifecycle = Lifecycle::recorded(start_time, state, end_time, cause.clone());
+            v.state = state;
+            v.start_time = start_time;
+            v.end_time = Some(end_time);
+            v.failure_cause = cause;
+            v.restarts = restarts;
+        });
+        status
     }
 
     /// A copy of the current status.
@@ -254,14 +253,90 @@ impl JobStatus {
         }
     }
 
-    /// Sets the state; a terminal state also sets the end time.
-    pub fn set_state(&self, state: JobState) {
+    /// Moves the job to `state` through its [`Lifecycle`], as `actor`, with `cause`; a
+    /// terminal state also sets the end time, a failure its cause. A transition the lifecycle
+    /// does not allow changes nothing and is returned as an error (a job that ended stays as it
+    /// ended).
+    pub fn transition(
+        &self,
+        state: JobState,
+        actor: Actor,
+        cause: Option<String>,
+    ) -> Result<(), String> {
+        let mut result = Ok(());
         self.update(|v| {
+            let now = crate::checkpoint::now_ms();
+            let failure = matches!(state, JobState::Failing | JobState::Failed);
+            if let Err(e) = v.lifecycle.apply(state, actor, cause.clone(), now) {
+                result = Err(e);
+                return;
+            }
             v.state = state;
-            if state.is_terminal() {
-                v.end_time = Some(crate::checkpoint::now_ms());
+            if state.is_ended() && v.end_time.is_none() {
+                v.end_time = Some(now);
+            }
+            if failure {
+                if let Some(c) = cause {
+                    v.failure_cause = Some(c);
+                }
             }
         });
+        result
+    }
+
+    /// Sets the state as the job master does (the transition must be allowed; a refused one
+    /// is logged and changes nothing).
+    pub fn set_state(&self, state: JobState) {
+        if let Err(e) = self.transition(state, Actor::JobMaster, None) {
+            tracing::debug!("job {}: {e}", self.jid());
+        }
+    }
+
+    /// Fails a job that has not ended, as `actor`, with `cause` as its failure cause and an
+    /// entry in its exceptions (a failure before or around the job master: nothing restarts
+    /// it). A job that already ended keeps its end. Returns whether the job was failed here.
+    pub fn fail(&self, actor: Actor, cause: &str) -> bool {
+        let state = self.view_state();
+        if state.is_ended() {
+            return false;
+        }
+        if state != JobState::Created && state != JobState::Cancelling {
+            let _ = self.transition(JobState::Failing, Actor::JobMaster, Some(cause.into()));
+        }
+        if self
+            .transition(JobState::Failed, actor, Some(cause.into()))
+            .is_err()
+        {
+            return false;
+        }
+        self.update(|v| {
+            v.exceptions.push(ExceptionView {
+                timestamp: crate::checkpoint::now_ms(),
+                cause: cause.into(),
+                kind: "job".into(),
+                restarted: false,
+            });
+            if v.exceptions.len() > EXCEPTIONS_MAX {
+                v.exceptions.remove(0);
+            }
+        });
+        true
+    }
+
+    /// The job's id.
+    pub fn jid(&self) -> String {
+        match self.view.read() {
+            Ok(v) => v.jid.clone(),
+            Err(p) => p.into_inner().jid.clone(),
+        }
+    }
+
+    /// The job's current state.
+    pub fn view_state(&self) -> JobState {
+        match self.view.read() {
+            Ok(v) => v.state,
+            Err(p) => p.into_inner().state,
+        }
     }
 
     /// Records a completed checkpoint.
@@ -352,8 +427,14 @@ impl JobStatus {
             .all(|s| !s.watched || s.reported || s.state == SavepointState::InProgress)
     }
 
-    /// Asks the job to cancel.
+    /// Asks the job to cancel: a job that has not ended goes to CANCELLING at once (the job
+    /// master, or whoever holds the job before it runs, ends it as CANCELED).
     pub fn request_cancel(&self) {
+        let _ = self.transition(
+            JobState::Cancelling,
+            Actor::User,
+            Some("cancelled by a user".into()),
+        );
         self.cancel.store(true, Ordering::Release);
         let _ = self.nudge.0.try_send(());
     }

@@ -29,9 +29,7 @@ use super::graph::JobGraph;
 use super::job::{JobError, Progress, ProgressFn};
 use super::operators::{sink_pending, SinkOwner};
 use super::restart::RestartTracker;
-use super::status::{
-    ExceptionView, JobCommand, JobState, JobStatus, SavepointKind, SavepointState,
-};
+use super::status::{Actor, JobCommand, JobState, JobStatus, SavepointKind, SavepointState};
 use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CompletedCheckpoint, TaskInfo};
 use crate::checkpoint::{
@@ -124,12 +122,7 @@ impl<'a> JobMaster<'a> {
             reported_state: JobState::Created,
             last_progress: Instant::now(),
         };
-        init_sinks(
-            master.graph,
-            master.deployer.job_id,
-            master.restored.as_ref(),
-            |_| true,
-        )?;
+        // The sinks were initialized when the job was prepared (`job::prepare_job`).
         master.core.start();
         let Some(MasterAction::Deploy { regions, .. }) = master.core.next_action() else {
             return Err(JobError::Setup(
@@ -145,17 +138,12 @@ impl<'a> JobMaster<'a> {
             }
             Err(e) => {
                 master.cancel(&(0..master.regions.len()).collect::<Vec<_>>());
+                if master.status.cancel_requested() {
+                    master.status.set_state(JobState::Canceled);
+                    return Err(JobError::Canceled);
+                }
                 let cause = e.to_string();
-                master.status.update(|v| {
-                    v.failure_cause = Some(cause.clone());
-                    v.exceptions.push(ExceptionView {
-                        timestamp: crate::checkpoint::now_ms(),
-                        cause: cause.clone(),
-                        kind: "job".into(),
-                        restarted: false,
-                    });
-                });
-                master.status.set_state(JobState::Failed);
+                master.status.fail(Actor::JobMaster, &cause);
                 return Err(JobError::Setup(cause));
             }
         }
@@ -206,6 +194,10 @@ impl<'a> JobMaster<'a> {
                     sources_stopped,
                 } => match self.redeploy(&regions, from, sources_stopped) {
                     Ok(infos) => self.core.deployed(infos, now),
+                    // A cancel interrupted the deployment (a wait for slots).
+                    Err(_) if self.status.cancel_requested() => self
+                        .core
+                        .cancel(self.deployer.config.retain_on_cancellation),
                     Err(e) => {
                         let unrecoverable = matches!(e, TaskError::Unrecoverable(_));
                         self.core.on_job_failure(e.to_string(), unrecoverable, now)
@@ -354,6 +346,13 @@ impl<'a> JobMaster<'a> {
         // A terminal state is reported when the job's end is done (subtasks joined,
         // checkpoints recorded).
         if state != self.reported_state && !state.is_terminal() {
+            if state == JobState::Restarting {
+                // A failure: FAILING with its cause while the failed tasks are cancelled.
+                let cause = self.core.failure_cause().map(str::to_string);
+                let _ = self
+                    .status
+                    .transition(JobState::Failing, Actor::JobMaster, cause);
+            }
             self.reported_state = state;
             self.status.set_state(state);
         }
@@ -380,6 +379,9 @@ impl<'a> JobMaster<'a> {
                 Ok(finished)
             }
             Outcome::Canceled => {
+                let _ = self
+                    .status
+                    .transition(JobState::Cancelling, Actor::User, None);
                 self.status.set_state(JobState::Canceled);
                 Err(JobError::Canceled)
             }
@@ -391,7 +393,13 @@ impl<'a> JobMaster<'a> {
                     self.core.on_event(e, now);
                 }
                 self.sync_state();
-                self.status.set_state(JobState::Failed);
+                let cause = self.core.failure_cause().map(str::to_string);
+                let _ = self
+                    .status
+                    .transition(JobState::Failing, Actor::JobMaster, cause.clone());
+                let _ = self
+                    .status
+                    .transition(JobState::Failed, Actor::JobMaster, cause);
                 match self.core.outcome().cloned() {
                     Some(Outcome::Failed {
                         restarts,
@@ -479,7 +487,7 @@ fn savepoint_request(
 
 /// Runs the once-per-attempt initialization of the sinks `select`ed: commit the restored
 /// checkpoint's pre-committed transactions, discard the rest.
-fn init_sinks(
+pub(crate) fn init_sinks(
     graph: &JobGraph,
     job_id: &str,
     restored: Option<&LoadedCheckpoint>,
