@@ -195,12 +195,19 @@ fn summary_line(s: &JobSummary) -> String {
         s.records,
         human::count(s.records as f64 / secs)
     );
-    let n = s.checkpoints.len();
-    line.push_str(&format!(", {n} checkpoints completed"));
-    if n > 0 {
+    line.push_str(&format!(
+        ", {} checkpoints completed",
+        s.checkpoints_completed
+    ));
+    if let Some(last) = s.checkpoints.last() {
         let durations: Vec<u64> = s.checkpoints.iter().map(|c| c.duration_ms).collect();
         let max = durations.iter().copied().max().unwrap_or(0);
-        let last = &s.checkpoints[n - 1];
+        // A long run keeps only its newest checkpoints' statistics.
+        let of = if (s.checkpoints.len() as u64) < s.checkpoints_completed {
+            format!("of the last {}: ", s.checkpoints.len())
+        } else {
+            String::new()
+        };
         let per_task = |f: fn(&cairn::checkpoint::TaskCheckpointStats) -> u64| -> Vec<u64> {
             s.checkpoints
                 .iter()
@@ -221,7 +228,7 @@ fn summary_line(s: &JobSummary) -> String {
             .filter(|c| c.metadata.tasks.iter().any(|t| t.unaligned))
             .count();
         line.push_str(&format!(
-            " (duration median {} ms, max {max} ms; alignment median {} ms, max {} ms; sync max {} ms; async max {} ms; {unaligned} unaligned, in-flight data max {}; last #{}: {})",
+            " ({of}duration median {} ms, max {max} ms; alignment median {} ms, max {} ms; sync max {} ms; async max {} ms; {unaligned} unaligned, in-flight data max {}; last #{}: {})",
             median(durations),
             median(align.clone()),
             align.iter().max().unwrap_or(&0),
@@ -261,6 +268,7 @@ fn summary_json(s: &JobSummary) -> serde_json::Value {
         "failed_checkpoints": s.failed_checkpoints,
         "injected_fired": s.injected.map(|i| i.0),
         "restored_from": s.restored_from,
+        "checkpoints_completed": s.checkpoints_completed,
         "checkpoints": s.checkpoints.iter().map(|c| serde_json::json!({
             "id": c.id,
             "duration_ms": c.duration_ms,

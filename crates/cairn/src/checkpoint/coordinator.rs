@@ -134,6 +134,10 @@ pub enum SavepointOutcome {
     Failed(String),
 }
 
+/// Completed checkpoints a coordinator keeps in memory (the metadata of a retained one
+/// beyond them is read back from storage when needed).
+pub const COMPLETED_KEPT: usize = 100;
+
 /// Summary of a completed checkpoint, for progress lines and statistics.
 #[derive(Debug, Clone)]
 pub struct CompletedCheckpoint {
@@ -162,7 +166,10 @@ pub struct CheckpointCoordinator {
     last_trigger: Option<Instant>,
     last_completion: Option<Instant>,
     consecutive_failures: u32,
+    /// The newest completed checkpoints (between [`COMPLETED_KEPT`] and twice as many once
+    /// that many completed: memory stays bounded however long the job runs).
     completed: Vec<CompletedCheckpoint>,
+    completed_total: u64,
     failed_total: u64,
     triggered_total: u64,
     /// Messages to subtasks not yet taken by the caller: (global task index, message).
@@ -231,6 +238,7 @@ impl CheckpointCoordinator {
             last_completion: None,
             consecutive_failures: 0,
             completed: Vec::new(),
+            completed_total: 0,
             failed_total: 0,
             triggered_total: 0,
             outbox: Vec::new(),
@@ -435,9 +443,15 @@ impl CheckpointCoordinator {
         self.last_trigger = Some(now);
     }
 
-    /// Checkpoints completed during this run, oldest first.
+    /// The newest checkpoints completed during this run (at least the last
+    /// [`COMPLETED_KEPT`] of them, at most twice as many), oldest first.
     pub fn completed(&self) -> &[CompletedCheckpoint] {
         &self.completed
+    }
+
+    /// How many checkpoints completed during this run.
+    pub fn completed_total(&self) -> u64 {
+        self.completed_total
     }
 
     /// Number of failed (aborted) checkpoints during this run.
@@ -773,6 +787,10 @@ impl CheckpointCoordinator {
             state_size: meta.state_size,
             metadata: Arc::new(meta),
         });
+        self.completed_total += 1;
+        if self.completed.len() >= 2 * COMPLETED_KEPT {
+            self.completed.drain(..COMPLETED_KEPT);
+        }
         self.retained.push_back(id);
         self.apply_retention();
         self.collect_shared_garbage(id);

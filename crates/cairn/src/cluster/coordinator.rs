@@ -518,8 +518,7 @@ impl Inner {
         match &result {
             Ok(s) => info!(
                 "job {job_id} finished: {} checkpoints, {} restarts",
-                s.checkpoints.len(),
-                s.restarts
+                s.checkpoints_completed, s.restarts
             ),
             Err(JobError::Canceled) => {
                 let _ = status.transition(JobState::Canceled, Actor::Coordinator, None);

@@ -114,8 +114,11 @@ pub struct JobSummary {
     pub elapsed: Duration,
     /// Records read by sources, replays included.
     pub records: u64,
-    /// Completed checkpoints.
+    /// The newest completed checkpoints (at least the last
+    /// [`COMPLETED_KEPT`](crate::checkpoint::coordinator::COMPLETED_KEPT)), oldest first.
     pub checkpoints: Vec<CompletedCheckpoint>,
+    /// How many checkpoints completed.
+    pub checkpoints_completed: u64,
     /// Failed checkpoints.
     pub failed_checkpoints: u64,
     /// Restarts after failures.
@@ -535,6 +538,7 @@ impl PreparedJob {
             elapsed: started.elapsed(),
             records: metrics.records.load(Ordering::Relaxed),
             checkpoints: finished.checkpoints,
+            checkpoints_completed: finished.completed_checkpoints,
             failed_checkpoints: finished.failed_checkpoints,
             restarts: finished.restarts,
             injected: injector.as_ref().map(|i| (i.fired(), i.planned())),

@@ -63,6 +63,7 @@ pub(crate) struct MasterSetup<'a> {
 /// How a job that finished went.
 pub(crate) struct Finished {
     pub(crate) checkpoints: Vec<CompletedCheckpoint>,
+    pub(crate) completed_checkpoints: u64,
     pub(crate) failed_checkpoints: u64,
     pub(crate) restarts: u32,
 }
@@ -420,15 +421,21 @@ impl<'a> JobMaster<'a> {
         for d in self.deployments.iter_mut().filter_map(Option::take) {
             d.join();
         }
-        let (checkpoints, failed_checkpoints) = match self.core.coordinator() {
+        let (checkpoints, completed_checkpoints, failed_checkpoints) = match self.core.coordinator()
+        {
             Some(c) => {
                 sync_status(&self.status, c);
-                (c.completed().to_vec(), c.failed_total())
+                (
+                    c.completed().to_vec(),
+                    c.completed_total(),
+                    c.failed_total(),
+                )
             }
-            None => (Vec::new(), 0),
+            None => (Vec::new(), 0, 0),
         };
         Finished {
             checkpoints,
+            completed_checkpoints,
             failed_checkpoints,
             restarts: self.core.restart_count(),
         }
@@ -512,15 +519,17 @@ pub(crate) fn init_sinks(
 
 fn sync_status(status: &JobStatus, c: &CheckpointCoordinator) {
     let completed = c.completed();
-    let known = status.view_completed_count();
-    for cp in completed.iter().skip(known) {
+    let total = c.completed_total();
+    let known = status.view_completed_count() as u64;
+    let new = usize::try_from(total.saturating_sub(known)).unwrap_or(usize::MAX);
+    for cp in &completed[completed.len().saturating_sub(new)..] {
         status.checkpoint_completed((*cp.metadata).clone());
     }
-    status.set_completed_count(completed.len());
+    status.set_completed_count(usize::try_from(total).unwrap_or(usize::MAX));
     status.update(|v| {
         v.checkpoint_counts.triggered = c.triggered_total();
         v.checkpoint_counts.in_progress = c.pending_count() as u64;
-        v.checkpoint_counts.completed = completed.len() as u64;
+        v.checkpoint_counts.completed = total;
         v.checkpoint_counts.failed = c.failed_total();
     });
 }
@@ -534,7 +543,7 @@ fn progress(
     Progress {
         elapsed: started.elapsed(),
         records: metrics.records.load(Ordering::Relaxed),
-        checkpoints: c.map_or(0, |c| c.completed().len()),
+        checkpoints: c.map_or(0, |c| c.completed_total() as usize),
         last_checkpoint: c
             .and_then(|c| c.completed().last())
             .map(|l| (l.id, l.duration_ms, l.state_size)),
