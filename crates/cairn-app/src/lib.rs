@@ -266,7 +266,7 @@ impl App {
                 let (job, m) = self.job_of(sub)?;
                 let options = JobOptions::from_arg_matches(m)?;
                 let params = job.params_from(m).map_err(anyhow::Error::msg)?;
-                remote::submit(&rest, job.name(), params, &options)
+                remote::submit(&rest, job.as_ref(), params, &options)
             }
             _ => {
                 if let Some((_, handler)) = self.commands.iter().find(|(c, _)| c.get_name() == verb)

@@ -265,6 +265,10 @@ impl Job for Wordcount {
             WordInput::Kafka(_) => None,
         })
     }
+
+    fn paths(p: &mut WordcountParams) -> Vec<&mut PathBuf> {
+        p.input.iter_mut().chain(p.output.as_mut()).collect()
+    }
 }
 
 /// backpressure's parameters.
@@ -321,6 +325,10 @@ impl Job for Backpressure {
     ) -> Result<Option<u64>, String> {
         Ok(p.generate.map(|count| count + count / 10))
     }
+
+    fn paths(p: &mut BackpressureParams) -> Vec<&mut PathBuf> {
+        p.output.iter_mut().collect()
+    }
 }
 
 /// pipelines' parameters.
@@ -372,6 +380,10 @@ impl Job for Pipelines {
 
     fn source_records(&self, p: &PipelinesParams, _: &JobContext) -> Result<Option<u64>, String> {
         Ok(p.generate.map(|count| count * 2))
+    }
+
+    fn paths(p: &mut PipelinesParams) -> Vec<&mut PathBuf> {
+        p.output.iter_mut().collect()
     }
 }
 
@@ -445,6 +457,10 @@ impl Job for Nexmark {
 
     fn source_records(&self, p: &NexmarkParams, ctx: &JobContext) -> Result<Option<u64>, String> {
         nexmark::source_records(&p.args(ctx)?).map(Some)
+    }
+
+    fn paths(p: &mut NexmarkParams) -> Vec<&mut PathBuf> {
+        p.output.iter_mut().collect()
     }
 }
 

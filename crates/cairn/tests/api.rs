@@ -185,3 +185,32 @@ fn keyed_connect_joins_two_streams_with_shared_state() {
     let expected: u64 = (0..2_000u64).map(|i| (1 + i % 3) * (10 + i % 50)).sum();
     assert_eq!(total, expected);
 }
+
+#[test]
+fn a_graph_names_its_sinks_that_print_to_stdout() {
+    use cairn::connectors::{DiscardSink, PrintSink};
+    let env = StreamEnv::new();
+    let numbers = env
+        .source(SequenceSource::new(10, 0, |i| i))
+        .uid("numbers");
+    numbers
+        .clone()
+        .sink(PrintSink::new(Arc::new(|n: &u64, out: &mut Vec<u8>| {
+            out.extend_from_slice(format!("{n}\n").as_bytes())
+        })))
+        .uid("print");
+    numbers.clone().sink(DiscardSink).uid("discard");
+    numbers
+        .sink(Collect(Arc::new(Mutex::new(Vec::new()))))
+        .uid("collect");
+    let graph = env.build("prints").unwrap();
+    assert_eq!(graph.stdout_sinks(), vec!["print".to_string()]);
+
+    let quiet = StreamEnv::new();
+    quiet
+        .source(SequenceSource::new(10, 0, |i| i))
+        .uid("numbers")
+        .sink(DiscardSink)
+        .uid("discard");
+    assert!(quiet.build("quiet").unwrap().stdout_sinks().is_empty());
+}
