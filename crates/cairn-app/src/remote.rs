@@ -125,7 +125,7 @@ fn refuse_stdout_sinks(job: &dyn AnyJob, params: &Value, options: &JobOptions) -
         return Ok(());
     }
     bail!(
-        "{} without an output would print on a worker's stdout (sink '{}'); give it an output, e.g. --output DIR",
+        "{} without an output would print on a worker's stdout (its print sink '{}'); pass one, e.g. --output DIR",
         job.name(),
         printing.join("', '")
     )

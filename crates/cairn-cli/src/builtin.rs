@@ -161,6 +161,15 @@ impl WordcountParams {
                 "write to one place: --output, --discard, --pg-output or --kafka-output".into(),
             );
         }
+        if self.pg_output.is_none() {
+            // The flags refuse these alone; parameters given as JSON must not be ignored.
+            if self.pg_table.is_some() {
+                return Err("--pg-table needs --pg-output URL".into());
+            }
+            if self.pg_mode.is_some() {
+                return Err("--pg-mode needs --pg-output URL".into());
+            }
+        }
         if let Some(url) = &self.pg_output {
             let mode = self.pg_mode.as_deref().unwrap_or("2pc");
             return Ok(WordOutput::Postgres {
@@ -525,6 +534,13 @@ mod tests {
             "generat": 10
         }));
         assert!(misspelt.is_err());
+        let table_alone: WordcountParams =
+            serde_json::from_value(serde_json::json!({"generate": 10, "pg_table": "counts"}))
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            Wordcount.build(&table_alone, &ctx).err().as_deref(),
+            Some("--pg-table needs --pg-output URL")
+        );
         let zero_keys: WordcountParams =
             serde_json::from_value(serde_json::json!({"generate": 10, "keys": 0}))
                 .unwrap_or_else(|e| panic!("{e}"));

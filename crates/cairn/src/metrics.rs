@@ -390,9 +390,8 @@ impl MetricsRegistry {
     /// `i64::MAX` say, would otherwise be scraped for [`RETAIN_STOPPED`]).
     fn retire_if_finished(&self, job_id: &str) {
         if let Ok(mut all) = self.subtasks.lock() {
-            let done = |m: &Arc<SubtaskMetrics>| {
-                m.finished.load(Ordering::Relaxed) && !m.is_running()
-            };
+            let done =
+                |m: &Arc<SubtaskMetrics>| m.finished.load(Ordering::Relaxed) && !m.is_running();
             if all.iter().filter(|m| m.job_id == job_id).all(done) {
                 all.retain(|m| m.job_id != job_id);
             }

@@ -190,9 +190,7 @@ fn keyed_connect_joins_two_streams_with_shared_state() {
 fn a_graph_names_its_sinks_that_print_to_stdout() {
     use cairn::connectors::{DiscardSink, PrintSink};
     let env = StreamEnv::new();
-    let numbers = env
-        .source(SequenceSource::new(10, 0, |i| i))
-        .uid("numbers");
+    let numbers = env.source(SequenceSource::new(10, 0, |i| i)).uid("numbers");
     numbers
         .clone()
         .sink(PrintSink::new(Arc::new(|n: &u64, out: &mut Vec<u8>| {
