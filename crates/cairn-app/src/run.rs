@@ -335,6 +335,7 @@ pub(crate) fn run(
         announce_job_id(status.clone(), server.local_addr());
     }
     let interactive = std::io::stderr().is_terminal();
+    let retained_on_cancel = config.retain_on_cancellation;
     let metrics = Arc::new(JobMetrics::default());
     let opts = RunOptions {
         config,
@@ -368,7 +369,7 @@ pub(crate) fn run(
                 "{}",
                 canceled_line(graph.name(), &status, &metrics, started, signal)
             );
-            if let Some(hint) = resume_hint(&status, argv) {
+            if let Some(hint) = resume_hint(&status, retained_on_cancel, argv) {
                 eprintln!("{hint}");
             }
             if signal > 0 {
@@ -431,10 +432,18 @@ fn canceled_line(
 }
 
 /// `resume with: …`: the command line that ran the job, with `--from latest`, if the job
-/// completed a checkpoint to resume from.
-fn resume_hint(status: &JobStatus, argv: &[OsString]) -> Option<String> {
+/// completed a checkpoint and cancelling it kept its checkpoints; if cancelling deleted them,
+/// how to keep them.
+fn resume_hint(status: &JobStatus, retained: bool, argv: &[OsString]) -> Option<String> {
     if status.view().checkpoint_counts.completed == 0 {
         return None;
+    }
+    if !retained {
+        return Some(format!(
+            "the job's checkpoints were deleted as it was cancelled ({} is DELETE_ON_CANCELLATION); to resume a cancelled run, run it with -D {}=RETAIN_ON_CANCELLATION, or with --savepoint-on-exit DIR",
+            keys::CHECKPOINT_RETENTION,
+            keys::CHECKPOINT_RETENTION
+        ));
     }
     let mut words = Vec::new();
     let mut args = argv.iter().map(|a| a.to_string_lossy());

@@ -291,7 +291,11 @@ fn list_status_checkpoints_and_cancel_a_running_job() {
         );
     }
 
-    let out = client(&["submit", "wordcount", "--generate", "10"], &url, None);
+    let out = client(
+        &["submit", "wordcount", "--generate", "10", "--discard"],
+        &url,
+        None,
+    );
     assert_eq!(out.error_line(), NO_SUBMISSIONS);
 
     let out = client(&["cancel", &jid], &url, None);
@@ -439,7 +443,7 @@ fn submit_sends_the_jobs_typed_parameters_and_options_as_json_and_prints_the_job
 
     // A refusal of the coordinator is its message, and a non-zero exit.
     let out = client(
-        &["submit", "pipelines", "--generate", "1"],
+        &["submit", "pipelines", "--generate", "1", "--discard"],
         &url,
         Some(TOKEN),
     );
@@ -473,7 +477,7 @@ const EVERY_COMMAND: &[&[&str]] = &[
     &["status", "abc"],
     &["cancel", "abc"],
     &["checkpoints", "abc"],
-    &["submit", "wordcount", "--generate", "10"],
+    &["submit", "wordcount", "--generate", "10", "--discard"],
 ];
 
 #[test]

@@ -1,6 +1,7 @@
 //! `cairn run` stopped by Ctrl-C (SIGINT) or SIGTERM: the job is cancelled, the run prints its
-//! summary and, when a checkpoint completed, the command that resumes it; the exit code is
-//! 128 + the signal's number, as a shell reports a process the signal ended.
+//! summary and, when a checkpoint completed and was kept, the command that resumes it (when
+//! cancelling deleted the checkpoints, how to keep them); the exit code is 128 + the signal's
+//! number, as a shell reports a process the signal ended.
 
 mod common;
 
@@ -35,11 +36,14 @@ fn ctrl_c_prints_the_summary_and_the_command_that_resumes_the_run() {
     let ck = tmp.path().join("ck");
     let deadline = Instant::now() + DEADLINE;
     let ck_text = ck.display().to_string();
+    let retain = "execution.checkpointing.externalized-checkpoint-retention=RETAIN_ON_CANCELLATION";
     let mut run = endless_run(&[
         "--checkpoint-interval",
         "100ms",
         "--checkpoint-dir",
         &ck_text,
+        "-D",
+        retain,
     ]);
     let addr = run.rest_addr(deadline);
     // `run --rest` says which job it runs and where the REST API shows it.
@@ -76,6 +80,42 @@ fn ctrl_c_prints_the_summary_and_the_command_that_resumes_the_run() {
     );
     assert!(resume.ends_with(" --from latest"), "{resume}");
     assert!(!stderr.contains("error:"), "{stderr}");
+
+    // The command resumes the job from its checkpoint.
+    let words: Vec<&str> = resume.split_whitespace().collect();
+    let mut resumed = Watched::spawn(std::process::Command::new(words[0]).args(&words[1..]));
+    resumed.wait_for_line_containing("restoring job from checkpoint", deadline);
+    resumed.interrupt();
+    let (status, stderr) = resumed.wait(deadline);
+    assert_eq!(status.code(), Some(130), "{stderr}");
+}
+
+#[test]
+fn ctrl_c_says_when_cancelling_deleted_the_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let deadline = Instant::now() + DEADLINE;
+    let ck_text = ck.display().to_string();
+    let mut run = endless_run(&[
+        "--checkpoint-interval",
+        "100ms",
+        "--checkpoint-dir",
+        &ck_text,
+    ]);
+    run.rest_addr(deadline);
+    run.wait_for_a_checkpoint(&ck, deadline);
+    run.interrupt();
+    let (status, stderr) = run.wait(deadline);
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(!stderr.contains("resume with:"), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("the job's checkpoints were deleted")
+                && l.contains("RETAIN_ON_CANCELLATION")
+                && l.contains("--savepoint-on-exit")),
+        "{stderr}"
+    );
 }
 
 #[test]
