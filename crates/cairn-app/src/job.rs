@@ -233,3 +233,57 @@ impl JobFactory for Jobs {
         self.find(job)?.source_records(params, &JobContext { seed })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use cairn::api::{JobGraph, StreamEnv};
+    use cairn::connectors::{DiscardSink, GeneratorSource};
+    use serde_json::json;
+
+    use super::{AnyJob, Job, JobContext, Registered};
+
+    #[derive(clap::Args, serde::Serialize, serde::Deserialize, Debug, Default)]
+    #[serde(default, deny_unknown_fields)]
+    struct Params {
+        #[arg(long)]
+        input: Option<PathBuf>,
+        #[arg(long)]
+        output: Option<PathBuf>,
+        #[arg(long)]
+        label: Option<String>,
+    }
+
+    struct Copy;
+
+    impl Job for Copy {
+        type Params = Params;
+        fn name(&self) -> &str {
+            "copy"
+        }
+        fn build(&self, _: &Params, _: &JobContext) -> Result<JobGraph, String> {
+            let env = StreamEnv::new();
+            env.source(GeneratorSource::new(1, 1))
+                .uid("source")
+                .sink(DiscardSink)
+                .uid("sink");
+            env.build("copy")
+        }
+        fn paths(p: &mut Params) -> Vec<&mut PathBuf> {
+            p.input.iter_mut().chain(p.output.as_mut()).collect()
+        }
+    }
+
+    #[test]
+    fn the_relative_paths_a_job_names_are_made_absolute_and_nothing_else() {
+        let params = json!({"input": "/data/in", "output": "out", "label": "out"});
+        let absolute = Registered(Copy)
+            .absolute_paths(&params, Path::new("/home/me"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            absolute,
+            json!({"input": "/data/in", "output": "/home/me/out", "label": "out"})
+        );
+    }
+}

@@ -412,3 +412,22 @@ fn one_line(e: &anyhow::Error) -> String {
     }
     msg.replace('\n', " ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::clap_error_line;
+
+    #[test]
+    fn a_clap_error_becomes_one_line_with_its_tips_and_the_help_to_read() {
+        let rendered = "error: unexpected argument '--generat' found\n\n  tip: a similar argument exists: '--generate'\n\nUsage: cairn run wordcount --generate <N> [OPTIONS]\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_error_line(rendered),
+            "error: unexpected argument '--generat' found; tip: a similar argument exists: '--generate'; see 'cairn run wordcount --help'"
+        );
+        let missing = "error: the following required arguments were not provided:\n  --pg-output <URL>\n\nUsage: cairn run wordcount --pg-table <NAME> --pg-output <URL>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_error_line(missing),
+            "error: the following required arguments were not provided: --pg-output <URL>; see 'cairn run wordcount --help'"
+        );
+    }
+}
