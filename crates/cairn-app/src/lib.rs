@@ -37,7 +37,7 @@
 //! ```
 //!
 //! Every user error ends with one line on stderr and exit code 1 (a command-line parse error:
-//! clap's message and exit code 2); nothing panics on input.
+//! clap's message on one line and exit code 2); nothing panics on input.
 
 mod checkpoints;
 pub mod client;

@@ -235,7 +235,9 @@ fn a_finished_job_leaves_no_subtask_metrics_in_the_process() {
     .unwrap();
     assert_eq!(summary.records, 1000);
     assert!(
-        cairn::metrics::registry().of_job(&summary.job_id).is_empty(),
+        cairn::metrics::registry()
+            .of_job(&summary.job_id)
+            .is_empty(),
         "{:?}",
         cairn::metrics::registry().of_job(&summary.job_id)
     );
