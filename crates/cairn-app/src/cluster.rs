@@ -22,10 +22,10 @@ const DEFAULT_SECRET: &str = "cairn";
 
 #[derive(Args, Debug)]
 pub struct CoordinatorArgs {
-    /// Address workers connect to.
+    /// Address workers connect to: HOST:PORT, or PORT on 127.0.0.1.
     #[arg(long, default_value = "127.0.0.1:6123")]
     bind: String,
-    /// Address of the REST API.
+    /// Address of the REST API: HOST:PORT, or PORT on 127.0.0.1.
     #[arg(long, default_value = "127.0.0.1:8081")]
     rest: String,
     /// Require `Authorization: Bearer TOKEN` on every REST request.
@@ -50,7 +50,7 @@ pub struct CoordinatorArgs {
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
-    /// Coordinator address.
+    /// Coordinator address: HOST:PORT, or PORT on 127.0.0.1.
     #[arg(long, default_value = "127.0.0.1:6123")]
     coordinator: String,
     /// Task slots (one subtask of every operator per slot).
@@ -59,13 +59,14 @@ pub struct WorkerArgs {
     /// Cluster secret (also CAIRN_SECRET).
     #[arg(long, env = "CAIRN_SECRET", default_value = DEFAULT_SECRET, hide_env_values = true)]
     secret: String,
-    /// Address to listen on for data from other workers.
+    /// Address to listen on for data from other workers: HOST:PORT, or PORT on 127.0.0.1.
     #[arg(long, default_value = "127.0.0.1:0")]
     data_bind: String,
     /// Time between heartbeats.
     #[arg(long, default_value = "500ms")]
     heartbeat_interval: String,
-    /// Serve this worker's subtask metrics at http://ADDR/metrics (Prometheus text).
+    /// Serve this worker's subtask metrics at http://ADDR/metrics (Prometheus text): HOST:PORT,
+    /// or PORT on 127.0.0.1.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
 }
@@ -74,8 +75,18 @@ fn duration(flag: &str, value: &str) -> Result<Duration> {
     parse_duration(value).map_err(|e| anyhow!("invalid value '{value}' for {flag}: {e}"))
 }
 
+/// An address flag's value: `HOST:PORT`, or a bare `PORT` (or `:PORT`) on 127.0.0.1, as the
+/// client commands read `--rest PORT`.
+fn host_port(value: &str) -> String {
+    let t = value.trim();
+    match t.strip_prefix(':').unwrap_or(t).parse::<u16>() {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) => t.to_string(),
+    }
+}
+
 fn socket_addr(flag: &str, value: &str) -> Result<SocketAddr> {
-    value
+    host_port(value)
         .to_socket_addrs()
         .with_context(|| format!("invalid address '{value}' for {flag}"))?
         .next()
@@ -185,7 +196,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
         )
     })?;
     let coordinator = Coordinator::start(CoordinatorOptions {
-        bind: args.bind.clone(),
+        bind: host_port(&args.bind),
         checkpoint_dir,
         secret: args.secret.clone(),
         factory: Arc::new(jobs.clone()),
@@ -232,10 +243,10 @@ pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
         None => None,
     };
     run_worker(WorkerOptions {
-        coordinator: args.coordinator,
+        coordinator: host_port(&args.coordinator),
         slots: args.slots,
         secret: args.secret,
-        data_bind: args.data_bind,
+        data_bind: host_port(&args.data_bind),
         factory: Arc::new(jobs),
         heartbeat_interval,
     })

@@ -1,6 +1,7 @@
 //! Jobs as an application registers them: a name, typed parameters, and a function from the
 //! parameters to a job graph.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cairn::api::JobGraph;
@@ -80,6 +81,26 @@ pub trait Job: Send + Sync + 'static {
     ) -> Result<Option<u64>, String> {
         Ok(None)
     }
+
+    /// The parameters that name files or directories. `submit` makes each relative one
+    /// absolute against its own current directory before it sends the parameters, so that
+    /// `--output out` means the directory under the submitting shell and not one under the
+    /// coordinator's or a worker's directory. None by default.
+    ///
+    /// ```
+    /// # use std::path::PathBuf;
+    /// # #[derive(clap::Args, serde::Serialize, serde::Deserialize, Debug, Default)]
+    /// # struct Params { #[arg(long)] input: PathBuf, #[arg(long)] output: Option<PathBuf> }
+    /// fn paths(params: &mut Params) -> Vec<&mut PathBuf> {
+    ///     let mut paths = vec![&mut params.input];
+    ///     paths.extend(params.output.as_mut());
+    ///     paths
+    /// }
+    /// ```
+    fn paths(params: &mut Self::Params) -> Vec<&mut PathBuf> {
+        let _ = params;
+        Vec::new()
+    }
 }
 
 /// A registered job with its parameter type erased.
@@ -92,6 +113,8 @@ pub(crate) trait AnyJob: Send + Sync {
     fn params_from(&self, matches: &ArgMatches) -> Result<Value, String>;
     fn build(&self, params: &Value, ctx: &JobContext) -> Result<JobGraph, String>;
     fn source_records(&self, params: &Value, ctx: &JobContext) -> Result<Option<u64>, String>;
+    /// The parameters with every relative path of [`Job::paths`] made absolute against `cwd`.
+    fn absolute_paths(&self, params: &Value, cwd: &Path) -> Result<Value, String>;
 }
 
 struct Registered<J>(J);
@@ -132,6 +155,21 @@ impl<J: Job> AnyJob for Registered<J> {
 
     fn source_records(&self, params: &Value, ctx: &JobContext) -> Result<Option<u64>, String> {
         self.0.source_records(&self.decode(params)?, ctx)
+    }
+
+    fn absolute_paths(&self, params: &Value, cwd: &Path) -> Result<Value, String> {
+        let mut typed = self.decode(params)?;
+        for path in J::paths(&mut typed) {
+            if path.is_relative() {
+                *path = cwd.join(&*path);
+            }
+        }
+        serde_json::to_value(&typed).map_err(|e| {
+            format!(
+                "cannot encode the parameters of job '{}': {e}",
+                self.0.name()
+            )
+        })
     }
 }
 
@@ -193,5 +231,59 @@ impl JobFactory for Jobs {
 
     fn source_records(&self, job: &str, params: &Value, seed: u64) -> Result<Option<u64>, String> {
         self.find(job)?.source_records(params, &JobContext { seed })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use cairn::api::{JobGraph, StreamEnv};
+    use cairn::connectors::{DiscardSink, GeneratorSource};
+    use serde_json::json;
+
+    use super::{AnyJob, Job, JobContext, Registered};
+
+    #[derive(clap::Args, serde::Serialize, serde::Deserialize, Debug, Default)]
+    #[serde(default, deny_unknown_fields)]
+    struct Params {
+        #[arg(long)]
+        input: Option<PathBuf>,
+        #[arg(long)]
+        output: Option<PathBuf>,
+        #[arg(long)]
+        label: Option<String>,
+    }
+
+    struct Copy;
+
+    impl Job for Copy {
+        type Params = Params;
+        fn name(&self) -> &str {
+            "copy"
+        }
+        fn build(&self, _: &Params, _: &JobContext) -> Result<JobGraph, String> {
+            let env = StreamEnv::new();
+            env.source(GeneratorSource::new(1, 1))
+                .uid("source")
+                .sink(DiscardSink)
+                .uid("sink");
+            env.build("copy")
+        }
+        fn paths(p: &mut Params) -> Vec<&mut PathBuf> {
+            p.input.iter_mut().chain(p.output.as_mut()).collect()
+        }
+    }
+
+    #[test]
+    fn the_relative_paths_a_job_names_are_made_absolute_and_nothing_else() {
+        let params = json!({"input": "/data/in", "output": "out", "label": "out"});
+        let absolute = Registered(Copy)
+            .absolute_paths(&params, Path::new("/home/me"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            absolute,
+            json!({"input": "/data/in", "output": "/home/me/out", "label": "out"})
+        );
     }
 }

@@ -37,7 +37,7 @@
 //! ```
 //!
 //! Every user error ends with one line on stderr and exit code 1 (a command-line parse error:
-//! clap's message and exit code 2); nothing panics on input.
+//! clap's message on one line and exit code 2); nothing panics on input.
 
 mod checkpoints;
 pub mod client;
@@ -161,11 +161,21 @@ impl App {
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
-        let matches = match self.command_line().try_get_matches_from(args) {
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let matches = match self.command_line().try_get_matches_from(&args) {
             Ok(m) => m,
             Err(e) => {
-                let _ = e.print();
-                return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+                use clap::error::ErrorKind;
+                let code = ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+                match e.kind() {
+                    ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                        let _ = e.print();
+                    }
+                    _ => eprintln!("{}", clap_error_line(&e.render().to_string())),
+                }
+                return code;
             }
         };
         init_logging(matches.get_one::<String>("log").map(String::as_str));
@@ -173,8 +183,8 @@ impl App {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
-        match self.dispatch(&matches) {
-            Ok(()) => ExitCode::SUCCESS,
+        match self.dispatch(&matches, &args) {
+            Ok(code) => code,
             Err(e) => {
                 eprintln!("error: {}", one_line(&e));
                 ExitCode::FAILURE
@@ -247,7 +257,7 @@ impl App {
         cmd
     }
 
-    fn dispatch(&self, matches: &ArgMatches) -> anyhow::Result<()> {
+    fn dispatch(&self, matches: &ArgMatches, argv: &[OsString]) -> anyhow::Result<ExitCode> {
         let Some((verb, sub)) = matches.subcommand() else {
             anyhow::bail!("no command given; see --help");
         };
@@ -259,6 +269,7 @@ impl App {
                     job.as_ref(),
                     &job.params_from(m).map_err(anyhow::Error::msg)?,
                     args,
+                    argv,
                 )
             }
             "submit" => {
@@ -266,12 +277,14 @@ impl App {
                 let (job, m) = self.job_of(sub)?;
                 let options = JobOptions::from_arg_matches(m)?;
                 let params = job.params_from(m).map_err(anyhow::Error::msg)?;
-                remote::submit(&rest, job.name(), params, &options)
+                remote::submit(&rest, job.as_ref(), params, &options)?;
+                Ok(ExitCode::SUCCESS)
             }
             _ => {
                 if let Some((_, handler)) = self.commands.iter().find(|(c, _)| c.get_name() == verb)
                 {
-                    return handler(sub);
+                    handler(sub)?;
+                    return Ok(ExitCode::SUCCESS);
                 }
                 match Verb::from_arg_matches(matches)? {
                     Verb::Checkpoints(args) => checkpoints::run(args),
@@ -282,7 +295,8 @@ impl App {
                     Verb::Stop(args) => savepoint::stop(args),
                     Verb::Coordinator(args) => cluster::coordinator(args, self.jobs.clone()),
                     Verb::Worker(args) => cluster::worker(args, self.jobs.clone()),
-                }
+                }?;
+                Ok(ExitCode::SUCCESS)
             }
         }
     }
@@ -350,6 +364,39 @@ fn init_logging(filter: Option<&str>) {
         .try_init();
 }
 
+/// A command-line parse error as clap renders it (the error, tips, usage, a pointer to
+/// `--help`, over several lines) on one line: `error: …`, its tips, and the `--help` to read.
+fn clap_error_line(rendered: &str) -> String {
+    let mut line = String::new();
+    let mut help = None;
+    for text in rendered.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(usage) = text.strip_prefix("Usage: ") {
+            // `cairn run wordcount [OPTIONS]`: the command's words, without the placeholders.
+            let words: Vec<&str> = usage
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['[', '<', '-']))
+                .collect();
+            help = Some(format!("see '{} --help'", words.join(" ")));
+        } else if text.starts_with("For more information") {
+            continue;
+        } else {
+            // A list continues its line (`…not provided: --x`, `… [possible values: …]`).
+            let sep = match () {
+                _ if line.is_empty() => "",
+                _ if line.ends_with(':') || text.starts_with('[') => " ",
+                _ => "; ",
+            };
+            line.push_str(sep);
+            line.push_str(text);
+        }
+    }
+    if let Some(help) = help {
+        line.push_str("; ");
+        line.push_str(&help);
+    }
+    line
+}
+
 /// The error and its causes on one line; a cause already spelled out by the message before it
 /// (many library errors print their source) is not repeated.
 fn one_line(e: &anyhow::Error) -> String {
@@ -364,4 +411,23 @@ fn one_line(e: &anyhow::Error) -> String {
         }
     }
     msg.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clap_error_line;
+
+    #[test]
+    fn a_clap_error_becomes_one_line_with_its_tips_and_the_help_to_read() {
+        let rendered = "error: unexpected argument '--generat' found\n\n  tip: a similar argument exists: '--generate'\n\nUsage: cairn run wordcount --generate <N> [OPTIONS]\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_error_line(rendered),
+            "error: unexpected argument '--generat' found; tip: a similar argument exists: '--generate'; see 'cairn run wordcount --help'"
+        );
+        let missing = "error: the following required arguments were not provided:\n  --pg-output <URL>\n\nUsage: cairn run wordcount --pg-table <NAME> --pg-output <URL>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_error_line(missing),
+            "error: the following required arguments were not provided: --pg-output <URL>; see 'cairn run wordcount --help'"
+        );
+    }
 }

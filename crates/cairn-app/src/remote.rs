@@ -1,15 +1,18 @@
 //! Client commands against a running REST API: `submit`, `list`, `status`, `cancel`, and
 //! `checkpoints ID --rest URL`.
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use cairn::config::keys;
 use cairn_rest::SubmitRequest;
 use clap::Args;
 use serde_json::Value;
 
 use crate::client::{segment, Method, RestArgs};
 use crate::human;
+use crate::job::{AnyJob, JobContext};
 use crate::run::JobOptions;
 
 /// How long `submit` waits for the coordinator to accept a job (it may plan and deploy it
@@ -33,12 +36,23 @@ pub struct JobArgs {
 /// `submit JOB [PARAMS] [OPTIONS]`: the job's parameters (parsed and typed here, by the job's
 /// own flags) and its options go to the coordinator as JSON, which validates and starts it;
 /// prints the new job's id (the last line of stdout).
+///
+/// Relative paths are made absolute here, against this process's current directory: the
+/// job's own ([`Job::paths`](crate::Job::paths)), `--from`, and the directories `-D` sets, so
+/// that they name what the user sees and not what the coordinator or a worker would resolve
+/// in its own directory. A job that would print its output (on some worker's stdout) is
+/// refused.
 pub(crate) fn submit(
     rest: &RestArgs,
-    job: &str,
+    job: &dyn AnyJob,
     params: Value,
     options: &JobOptions,
 ) -> Result<()> {
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let params = job
+        .absolute_paths(&params, &cwd)
+        .map_err(anyhow::Error::msg)?;
+    refuse_stdout_sinks(job, &params, options)?;
     let client = rest.client()?.with_timeout(SUBMIT_TIMEOUT);
     let config_yaml = match &options.config {
         Some(path) => Some(
@@ -47,13 +61,29 @@ pub(crate) fn submit(
         ),
         None => None,
     };
+    let config = options
+        .config_pairs()?
+        .into_iter()
+        .map(|(key, value)| {
+            let value = if PATH_KEYS.contains(&key.as_str()) {
+                absolute(&value, &cwd)
+            } else {
+                value
+            };
+            (key, value)
+        })
+        .collect();
+    let from = options.from.as_deref().map(|from| match from {
+        "latest" => from.to_string(),
+        path => absolute(path, &cwd),
+    });
     let request = SubmitRequest {
-        job: job.to_string(),
+        job: job.name().to_string(),
         params: Some(params),
         args: None,
-        config: options.config_pairs()?.into_iter().collect(),
+        config,
         config_yaml,
-        from: options.from.clone(),
+        from,
         from_job: options.from_job.clone(),
         inject_failures: options.inject_failures,
         inject_uid: options.inject_uid.clone(),
@@ -69,6 +99,37 @@ pub(crate) fn submit(
     };
     println!("{jid}");
     Ok(())
+}
+
+/// The configuration keys whose values are directories: `submit` sends them absolute.
+const PATH_KEYS: [&str; 2] = [keys::CHECKPOINTS_DIR, keys::SAVEPOINTS_DIR];
+
+/// `path` made absolute against `cwd`, unless it is absolute already or a URL (`s3://…`,
+/// `file:///…`).
+fn absolute(path: &str, cwd: &Path) -> String {
+    if path.contains("://") || Path::new(path).is_absolute() || path.is_empty() {
+        return path.to_string();
+    }
+    cwd.join(path).display().to_string()
+}
+
+/// Refuses a job whose graph has a sink printing to stdout: on a cluster that is the stdout
+/// of whichever worker runs it. A job the client cannot build (its input exists only where
+/// the workers run, say) is left to the coordinator to judge.
+fn refuse_stdout_sinks(job: &dyn AnyJob, params: &Value, options: &JobOptions) -> Result<()> {
+    let ctx = JobContext { seed: options.seed };
+    let Ok(graph) = job.build(params, &ctx) else {
+        return Ok(());
+    };
+    let printing = graph.stdout_sinks();
+    if printing.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{} without an output would print on a worker's stdout (its print sink '{}'); pass one, e.g. --output DIR",
+        job.name(),
+        printing.join("', '")
+    )
 }
 
 /// `cairn list`: one line per job: id, state, name.

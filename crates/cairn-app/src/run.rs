@@ -1,20 +1,24 @@
 //! `run JOB`: a registered job in this process (embedded mode), and the options every run or
 //! submission of a job takes besides the job's own parameters.
 
+use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cairn::config::{keys, JobConfig};
+use cairn::runtime::task::JobMetrics;
 use cairn::runtime::{
-    run_job, InjectSpec, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions, SavepointKind,
-    SavepointState,
+    run_job, InjectSpec, JobError, JobStatus, JobSummary, Progress, RestoreFrom, RunOptions,
+    SavepointKind, SavepointState,
 };
 use cairn_rest::{JobRegistry, RestServer};
 use clap::Args;
+use nix::sys::signal::{SigSet, Signal};
 use serde_json::Value;
 
 use crate::human;
@@ -24,14 +28,14 @@ use crate::job::{AnyJob, JobContext};
 /// besides the job's own parameters.
 #[derive(Args, Debug, Clone, Default)]
 pub struct JobOptions {
-    /// Default parallelism of every operator (parallelism.default).
+    /// Default parallelism of every operator (parallelism.default) [default: 1].
     #[arg(long, short = 'p', value_name = "N")]
     pub parallelism: Option<u32>,
-    /// Checkpoint interval, e.g. 500ms, 10s, 1min; 0 disables checkpointing (execution.checkpointing.interval).
+    /// Checkpoint interval, e.g. 500ms, 10s, 1min; 0 disables checkpointing (execution.checkpointing.interval) [default: off; 1s with --checkpoint-dir].
     #[arg(long, value_name = "DURATION")]
     pub checkpoint_interval: Option<String>,
-    /// Checkpointing mode: exactly-once or at-least-once (execution.checkpointing.mode).
-    #[arg(long, value_name = "MODE")]
+    /// Checkpointing mode (execution.checkpointing.mode) [default: exactly-once].
+    #[arg(long, value_name = "MODE", ignore_case = true, value_parser = mode_values())]
     pub mode: Option<String>,
     /// Unaligned checkpoints: barriers overtake in-flight data, which is persisted (execution.checkpointing.unaligned.enabled).
     #[arg(long)]
@@ -66,6 +70,15 @@ pub struct JobOptions {
     /// Start from a savepoint or checkpoint that holds state of operators this job does not have; that state is dropped (execution.state-recovery.ignore-unclaimed-state).
     #[arg(long, requires = "from")]
     pub allow_non_restored_state: bool,
+}
+
+/// The values `--mode` takes; Flink's spellings of the key (`EXACTLY_ONCE`) are accepted too.
+fn mode_values() -> clap::builder::PossibleValuesParser {
+    use clap::builder::PossibleValue;
+    clap::builder::PossibleValuesParser::new([
+        PossibleValue::new("exactly-once").aliases(["exactly_once"]),
+        PossibleValue::new("at-least-once").aliases(["at_least_once"]),
+    ])
 }
 
 /// `run JOB`: the job options and what only a run in this process takes.
@@ -159,10 +172,22 @@ pub fn build_config(options: &JobOptions, checkpoint_dir: Option<&Path>) -> Resu
     Ok(config)
 }
 
+/// The warning Flink gives too: a checkpoint directory without a checkpoint interval takes
+/// no checkpoints.
+pub(crate) fn checkpointing_off_warning(config: &JobConfig) -> Option<String> {
+    (config.checkpoints_dir.is_some() && !config.checkpointing_enabled()).then(|| {
+        format!(
+            "warning: {} is set but checkpointing is off: set {} (or --checkpoint-interval) to take checkpoints",
+            keys::CHECKPOINTS_DIR,
+            keys::CHECKPOINT_INTERVAL
+        )
+    })
+}
+
 fn progress_line(p: &Progress) {
     let secs = p.elapsed.as_secs_f64().max(1e-9);
     let mut line = format!(
-        "{} records ({}/s), {} checkpoints",
+        "{} records read by the sources ({}/s), {} checkpoints",
         human::count(p.records as f64),
         human::count(p.records as f64 / secs),
         p.checkpoints
@@ -189,7 +214,7 @@ fn median(mut v: Vec<u64>) -> u64 {
 fn summary_line(s: &JobSummary) -> String {
     let secs = s.elapsed.as_secs_f64().max(1e-9);
     let mut line = format!(
-        "{} finished in {:.2}s: {} records ({} records/s)",
+        "{} finished in {:.2}s: {} records read by the sources ({} records/s)",
         s.job_name,
         secs,
         s.records,
@@ -283,13 +308,22 @@ fn summary_json(s: &JobSummary) -> serde_json::Value {
     })
 }
 
-/// `run JOB`: builds the job from its parameters and runs it in this process.
-pub(crate) fn run(job: &dyn AnyJob, params: &Value, args: RunArgs) -> Result<()> {
+/// `run JOB`: builds the job from its parameters and runs it in this process. `argv` is the
+/// whole command line, for the command that resumes a run stopped by a signal.
+pub(crate) fn run(
+    job: &dyn AnyJob,
+    params: &Value,
+    args: RunArgs,
+    argv: &[OsString],
+) -> Result<ExitCode> {
     let ctx = JobContext {
         seed: args.job.seed,
     };
     let graph = job.build(params, &ctx).map_err(|e| anyhow!(e))?;
     let config = build_config(&args.job, args.checkpoint_dir.as_deref())?;
+    if let Some(warning) = checkpointing_off_warning(&config) {
+        eprintln!("{warning}");
+    }
     let restore = restore_from(args.job.from.as_deref(), args.job.from_job.as_deref())
         .map_err(|e| anyhow!(e))?;
     let inject = match args.job.inject_failures {
@@ -302,18 +336,19 @@ pub(crate) fn run(job: &dyn AnyJob, params: &Value, args: RunArgs) -> Result<()>
     };
 
     // The job master fills in the job id once it knows it (it may adopt a restored one).
-    let status = (args.rest.is_some() || args.savepoint_on_exit.is_some())
-        .then(|| JobStatus::new(String::new(), graph.name().to_string(), config.describe()));
-    let rest = match (&args.rest, &status) {
-        (Some(addr), Some(status)) => {
-            Some(start_rest(addr, args.rest_token.clone(), status.clone())?)
-        }
-        _ => None,
+    let status = JobStatus::new(String::new(), graph.name().to_string(), config.describe());
+    // Before any thread starts, so that every thread inherits the blocked signals.
+    let signal = on_signals(args.savepoint_on_exit.clone(), status.clone())?;
+    let rest = match &args.rest {
+        Some(addr) => Some(start_rest(addr, args.rest_token.clone(), status.clone())?),
+        None => None,
     };
-    if let (Some(dir), Some(status)) = (&args.savepoint_on_exit, &status) {
-        stop_on_signal(dir.clone(), status.clone())?;
+    if let Some(server) = &rest {
+        announce_job_id(status.clone(), server.local_addr());
     }
     let interactive = std::io::stderr().is_terminal();
+    let retained_on_cancel = config.retain_on_cancellation;
+    let metrics = Arc::new(JobMetrics::default());
     let opts = RunOptions {
         config,
         restore,
@@ -321,14 +356,14 @@ pub(crate) fn run(job: &dyn AnyJob, params: &Value, args: RunArgs) -> Result<()>
         on_progress: interactive
             .then(|| Arc::new(progress_line) as Arc<dyn Fn(&Progress) + Send + Sync>),
         inject_target: cairn::runtime::InjectTarget(args.job.inject_uid.clone()),
-        metrics: None,
-        status: status.clone(),
+        metrics: Some(metrics.clone()),
+        status: Some(status.clone()),
         job_id: None,
     };
-    let status_for_rest = status;
+    let started = std::time::Instant::now();
     let summary = run_job(&graph, opts);
     // The job has ended: stop answering, once the clients waiting for a savepoint got it.
-    if let (Some(_), Some(status)) = (&rest, &status_for_rest) {
+    if rest.is_some() {
         let until = std::time::Instant::now() + SAVEPOINT_LINGER;
         while !status.savepoints_reported() && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -338,7 +373,24 @@ pub(crate) fn run(job: &dyn AnyJob, params: &Value, args: RunArgs) -> Result<()>
     if interactive {
         eprint!("\r\x1b[2K");
     }
-    let summary = summary?;
+    let summary = match summary {
+        Ok(summary) => summary,
+        Err(JobError::Canceled) => {
+            let signal = signal.load(Ordering::SeqCst);
+            eprintln!(
+                "{}",
+                canceled_line(graph.name(), &status, &metrics, started, signal)
+            );
+            if let Some(hint) = resume_hint(&status, retained_on_cancel, argv) {
+                eprintln!("{hint}");
+            }
+            if signal > 0 {
+                return Ok(ExitCode::from(u8::try_from(128 + signal).unwrap_or(1)));
+            }
+            bail!("job cancelled");
+        }
+        Err(e) => return Err(e.into()),
+    };
     if summary.started_fresh {
         eprintln!("no completed checkpoint found: started fresh");
     }
@@ -357,7 +409,106 @@ pub(crate) fn run(job: &dyn AnyJob, params: &Value, args: RunArgs) -> Result<()>
         std::fs::write(path, summary_json(&summary).to_string())
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The summary of a cancelled run: what the job had read and checkpointed when it stopped.
+fn canceled_line(
+    name: &str,
+    status: &JobStatus,
+    metrics: &JobMetrics,
+    started: std::time::Instant,
+    signal: i32,
+) -> String {
+    let view = status.view();
+    let by = match signal {
+        0 => String::new(),
+        s => format!(" by {}", signal_name(s)),
+    };
+    let mut line = format!(
+        "{name} canceled{by} after {:.2}s: {} records read by the sources, {} checkpoints completed",
+        started.elapsed().as_secs_f64(),
+        metrics.records.load(Ordering::Relaxed),
+        view.checkpoint_counts.completed
+    );
+    if let Some(last) = view
+        .checkpoint_history
+        .iter()
+        .map(|c| c.checkpoint_id)
+        .max()
+    {
+        line.push_str(&format!(" (last #{last})"));
+    }
+    line.push_str(&format!(", {} restarts", view.restarts));
+    line
+}
+
+/// `resume with: …`: the command line that ran the job, with `--from latest`, if the job
+/// completed a checkpoint and cancelling it kept its checkpoints; if cancelling deleted them,
+/// how to keep them.
+fn resume_hint(status: &JobStatus, retained: bool, argv: &[OsString]) -> Option<String> {
+    if status.view().checkpoint_counts.completed == 0 {
+        return None;
+    }
+    if !retained {
+        return Some(format!(
+            "the job's checkpoints were deleted as it was cancelled ({} is DELETE_ON_CANCELLATION); to resume a cancelled run, run it with -D {}=RETAIN_ON_CANCELLATION, or with --savepoint-on-exit DIR",
+            keys::CHECKPOINT_RETENTION,
+            keys::CHECKPOINT_RETENTION
+        ));
+    }
+    let mut words = Vec::new();
+    let mut args = argv.iter().map(|a| a.to_string_lossy());
+    while let Some(arg) = args.next() {
+        if arg == "--from" {
+            args.next();
+        } else if !arg.starts_with("--from=") {
+            words.push(shell_word(&arg));
+        }
+    }
+    words.extend(["--from".to_string(), "latest".to_string()]);
+    Some(format!("resume with: {}", words.join(" ")))
+}
+
+/// `word` as a shell reads it back: quoted unless it is plain.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+fn signal_name(signal: i32) -> String {
+    match Signal::try_from(signal) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("signal {signal}"),
+    }
+}
+
+/// `run --rest`: prints the job's id and where the REST API shows it, once the job master
+/// chose the id (a restored job keeps its own).
+fn announce_job_id(status: Arc<JobStatus>, addr: SocketAddr) {
+    let spawned = std::thread::Builder::new()
+        .name("job-id".into())
+        .spawn(move || loop {
+            let view = status.view();
+            if !view.jid.is_empty() {
+                eprintln!("job {} at http://{addr}/jobs/{}", view.jid, view.jid);
+                return;
+            }
+            if view.state.is_terminal() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the thread that prints the job id: {e}");
+    }
 }
 
 /// The records the job's sources read in a run without failures, among which
@@ -398,22 +549,45 @@ fn restore_from(
 /// the outcome of the savepoint it asked for (a stop-with-savepoint ends the job).
 const SAVEPOINT_LINGER: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// `--savepoint-on-exit`: the first Ctrl-C or SIGTERM asks for a stop-with-savepoint, the next
-/// one cancels.
-fn stop_on_signal(dir: PathBuf, status: Arc<JobStatus>) -> Result<()> {
-    let signals = AtomicU32::new(0);
-    ctrlc::set_handler(move || {
-        if signals.fetch_add(1, Ordering::SeqCst) == 0 {
-            eprintln!(
-                "stopping with a savepoint under {} (again to cancel)",
-                dir.display()
-            );
-            status.request_savepoint(dir.clone(), SavepointKind::Stop, false);
-        } else {
-            status.request_cancel();
-        }
-    })
-    .context("cannot install the signal handler for --savepoint-on-exit")
+/// Ctrl-C (SIGINT) and SIGTERM: the first one cancels the job, or with `--savepoint-on-exit`
+/// stops it with a savepoint (and the next one cancels); one more ends the process at once.
+/// Returns the first signal's number once one came (0 before).
+///
+/// The signals are blocked in this thread, and so in every thread it starts later, and one
+/// thread takes them with `sigwait`: it knows which came, for the exit code (128 + number).
+fn on_signals(savepoint_dir: Option<PathBuf>, status: Arc<JobStatus>) -> Result<Arc<AtomicI32>> {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.thread_block()
+        .context("cannot block SIGINT and SIGTERM for their handler")?;
+    let first = Arc::new(AtomicI32::new(0));
+    let seen = first.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut count = 0u32;
+            while let Ok(signal) = set.wait() {
+                count += 1;
+                let _ = seen.compare_exchange(0, signal as i32, Ordering::SeqCst, Ordering::SeqCst);
+                match (&savepoint_dir, count) {
+                    (Some(dir), 1) => {
+                        eprintln!(
+                            "stopping with a savepoint under {} (again to cancel)",
+                            dir.display()
+                        );
+                        status.request_savepoint(dir.clone(), SavepointKind::Stop, false);
+                    }
+                    (Some(_), 2) | (None, 1) => {
+                        eprintln!("cancelling the job (again to exit at once)");
+                        status.request_cancel();
+                    }
+                    _ => std::process::exit(128 + signal as i32),
+                }
+            }
+        })
+        .context("cannot start the signal handler thread")?;
+    Ok(first)
 }
 
 /// Parses `--rest`: `HOST:PORT` (an IP address or a name), or a bare `PORT` (or `:PORT`) on

@@ -161,6 +161,15 @@ impl WordcountParams {
                 "write to one place: --output, --discard, --pg-output or --kafka-output".into(),
             );
         }
+        if self.pg_output.is_none() {
+            // The flags refuse these alone; parameters given as JSON must not be ignored.
+            if self.pg_table.is_some() {
+                return Err("--pg-table needs --pg-output URL".into());
+            }
+            if self.pg_mode.is_some() {
+                return Err("--pg-mode needs --pg-output URL".into());
+            }
+        }
         if let Some(url) = &self.pg_output {
             let mode = self.pg_mode.as_deref().unwrap_or("2pc");
             return Ok(WordOutput::Postgres {
@@ -265,6 +274,10 @@ impl Job for Wordcount {
             WordInput::Kafka(_) => None,
         })
     }
+
+    fn paths(p: &mut WordcountParams) -> Vec<&mut PathBuf> {
+        p.input.iter_mut().chain(p.output.as_mut()).collect()
+    }
 }
 
 /// backpressure's parameters.
@@ -321,6 +334,10 @@ impl Job for Backpressure {
     ) -> Result<Option<u64>, String> {
         Ok(p.generate.map(|count| count + count / 10))
     }
+
+    fn paths(p: &mut BackpressureParams) -> Vec<&mut PathBuf> {
+        p.output.iter_mut().collect()
+    }
 }
 
 /// pipelines' parameters.
@@ -372,6 +389,10 @@ impl Job for Pipelines {
 
     fn source_records(&self, p: &PipelinesParams, _: &JobContext) -> Result<Option<u64>, String> {
         Ok(p.generate.map(|count| count * 2))
+    }
+
+    fn paths(p: &mut PipelinesParams) -> Vec<&mut PathBuf> {
+        p.output.iter_mut().collect()
     }
 }
 
@@ -446,6 +467,10 @@ impl Job for Nexmark {
     fn source_records(&self, p: &NexmarkParams, ctx: &JobContext) -> Result<Option<u64>, String> {
         nexmark::source_records(&p.args(ctx)?).map(Some)
     }
+
+    fn paths(p: &mut NexmarkParams) -> Vec<&mut PathBuf> {
+        p.output.iter_mut().collect()
+    }
 }
 
 #[cfg(test)]
@@ -509,6 +534,13 @@ mod tests {
             "generat": 10
         }));
         assert!(misspelt.is_err());
+        let table_alone: WordcountParams =
+            serde_json::from_value(serde_json::json!({"generate": 10, "pg_table": "counts"}))
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            Wordcount.build(&table_alone, &ctx).err().as_deref(),
+            Some("--pg-table needs --pg-output URL")
+        );
         let zero_keys: WordcountParams =
             serde_json::from_value(serde_json::json!({"generate": 10, "keys": 0}))
                 .unwrap_or_else(|e| panic!("{e}"));

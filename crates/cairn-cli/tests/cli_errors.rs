@@ -2,7 +2,7 @@
 //!
 //! Every user error gives exactly one clear line on stderr that starts with `error: ` and names
 //! the thing at fault (file, flag, key), a non-zero exit code, and never a panic. Parse errors
-//! are clap's own (exit code 2, multi-line usage allowed). Unusable checkpoints are refused by
+//! are clap's, on one line too, with the `--help` to read (exit code 2). Unusable checkpoints are refused by
 //! name when asked for explicitly, and skipped with a warning by `--from latest`.
 //!
 //! Every child process is waited for with `Command::output`; nothing sleeps.
@@ -111,7 +111,8 @@ impl Run {
         line.to_string()
     }
 
-    /// A clap parse error: exit code 2, no panic, stderr mentions every one of `needles`.
+    /// A clap parse error: exit code 2, no panic, one line on stderr that starts with
+    /// `error: ` and mentions every one of `needles`.
     fn assert_clap_error(&self, needles: &[&str]) {
         self.assert_no_panic();
         assert_eq!(
@@ -123,6 +124,12 @@ impl Run {
         assert!(
             self.stderr.starts_with("error: "),
             "the parse error must start with 'error: '\n{}",
+            self.describe()
+        );
+        assert_eq!(
+            self.stderr_lines().len(),
+            1,
+            "a parse error must be one line on stderr\n{}",
             self.describe()
         );
         for needle in needles {
@@ -350,7 +357,146 @@ fn unknown_flag_is_a_clap_error() {
             "--bogus",
         ],
     );
-    r.assert_clap_error(&["--bogus"]);
+    r.assert_clap_error(&["--bogus", "see 'cairn run wordcount --help'"]);
+}
+
+#[test]
+fn a_missing_required_flag_is_one_line_naming_it() {
+    let d = tmp();
+    let r = cairn(
+        d.path(),
+        &["run", "wordcount", "--generate", "10", "--pg-table", "t"],
+    );
+    r.assert_clap_error(&["--pg-output <URL>"]);
+}
+
+#[test]
+fn a_bad_mode_names_the_values_the_flag_takes() {
+    let d = tmp();
+    let r = cairn(
+        d.path(),
+        &[
+            "run",
+            "wordcount",
+            "--generate",
+            "10",
+            "--discard",
+            "--mode",
+            "bogus",
+        ],
+    );
+    r.assert_clap_error(&["'bogus'", "--mode", "exactly-once, at-least-once"]);
+    assert!(!r.stderr.contains("EXACTLY_ONCE"), "{}", r.describe());
+    // Flink's spelling of the key's values is still taken.
+    cairn(
+        d.path(),
+        &[
+            "run",
+            "wordcount",
+            "--generate",
+            "10",
+            "--discard",
+            "--mode",
+            "AT_LEAST_ONCE",
+        ],
+    )
+    .assert_success();
+}
+
+#[test]
+fn help_and_version_stay_as_clap_prints_them() {
+    let d = tmp();
+    let help = cairn(d.path(), &["run", "wordcount", "--help"]);
+    help.assert_success();
+    // wordcount's parameters and the run options, with their defaults; no other job's flags.
+    for needle in [
+        "Parameters of wordcount:",
+        "Run options:",
+        "[default: 1000]",
+        "[default: exactly-once]",
+        "[default: 1]",
+    ] {
+        assert!(
+            help.stdout.contains(needle),
+            "{needle:?}\n{}",
+            help.describe()
+        );
+    }
+    for other in ["--query", "--sink-rate", "--events"] {
+        assert!(
+            !help.stdout.contains(other),
+            "{other:?}\n{}",
+            help.describe()
+        );
+    }
+    let version = cairn(d.path(), &["--version"]);
+    version.assert_success();
+    assert!(
+        version.stdout.starts_with("cairn "),
+        "{}",
+        version.describe()
+    );
+}
+
+#[test]
+fn a_checkpoint_dir_without_an_interval_is_warned_about() {
+    let d = tmp();
+    let ck = d.path().join("ck");
+    let define = format!("state.checkpoints.dir={}", s(&ck));
+    let r = cairn(
+        d.path(),
+        &[
+            "run",
+            "wordcount",
+            "--generate",
+            "10",
+            "--discard",
+            "-D",
+            &define,
+        ],
+    );
+    r.assert_success();
+    let warning = r
+        .stderr_lines()
+        .into_iter()
+        .find(|l| l.starts_with("warning: "))
+        .unwrap_or_else(|| panic!("no warning\n{}", r.describe()));
+    assert!(
+        warning.contains("state.checkpoints.dir")
+            && warning.contains("execution.checkpointing.interval"),
+        "{}",
+        r.describe()
+    );
+    // With an interval, or with --checkpoint-dir (1s checkpoints), there is nothing to warn of.
+    for args in [
+        &["-D", &define, "--checkpoint-interval", "1s"][..],
+        &["--checkpoint-dir", s(&ck)],
+    ] {
+        let mut all = vec!["run", "wordcount", "--generate", "10", "--discard"];
+        all.extend_from_slice(args);
+        let r = cairn(d.path(), &all);
+        r.assert_success();
+        assert!(!r.stderr.contains("warning: "), "{}", r.describe());
+    }
+}
+
+#[test]
+fn submitting_a_job_that_prints_is_refused_before_anything_is_sent() {
+    let d = tmp();
+    // Nothing listens on port 1: the refusal comes before any connection.
+    let r = cairn(
+        d.path(),
+        &[
+            "submit",
+            "--rest",
+            "127.0.0.1:1",
+            "wordcount",
+            "--generate",
+            "10",
+        ],
+    );
+    let line = r.assert_user_error(&["wordcount", "worker's stdout", "--output DIR"]);
+    assert!(!line.contains("127.0.0.1:1"), "{}", r.describe());
 }
 
 #[test]

@@ -291,7 +291,11 @@ fn list_status_checkpoints_and_cancel_a_running_job() {
         );
     }
 
-    let out = client(&["submit", "wordcount", "--generate", "10"], &url, None);
+    let out = client(
+        &["submit", "wordcount", "--generate", "10", "--discard"],
+        &url,
+        None,
+    );
     assert_eq!(out.error_line(), NO_SUBMISSIONS);
 
     let out = client(&["cancel", &jid], &url, None);
@@ -437,9 +441,60 @@ fn submit_sends_the_jobs_typed_parameters_and_options_as_json_and_prints_the_job
     let out = client(&["checkpoints", FAKE_JID], &url, Some(TOKEN));
     assert!(out.ok().contains("no completed checkpoints"), "{out:#?}");
 
+    // Relative paths are the client's: sent absolute, against its current directory (that of
+    // the test); `latest` and URLs as they are.
+    let cwd = std::env::current_dir().expect("a current directory");
+    let out = cairn(&[
+        "submit",
+        "--rest",
+        &url,
+        "--rest-token",
+        TOKEN,
+        "wordcount",
+        "--input",
+        "words.txt",
+        "--output",
+        "out",
+        "--from",
+        "ck/chk-1",
+        "-D",
+        "state.savepoints.dir=sp",
+        "-D",
+        "state.checkpoints.dir=s3://bucket/ck",
+    ]);
+    assert_eq!(out.ok().lines().last(), Some(FAKE_JID), "{out:#?}");
+    let request = fake.calls.lock().expect("lock")[1].clone();
+    let params = request.params.clone().unwrap_or_default();
+    let under_cwd = |p: &str| cwd.join(p).display().to_string();
+    assert_eq!(params["input"], under_cwd("words.txt"));
+    assert_eq!(params["output"], under_cwd("out"));
+    assert_eq!(request.from, Some(under_cwd("ck/chk-1")));
+    let key = |k: &str| request.config.get(k).cloned();
+    assert_eq!(key("state.savepoints.dir"), Some(under_cwd("sp")));
+    assert_eq!(
+        key("state.checkpoints.dir").as_deref(),
+        Some("s3://bucket/ck")
+    );
+    let out = cairn(&[
+        "submit",
+        "--rest",
+        &url,
+        "--rest-token",
+        TOKEN,
+        "wordcount",
+        "--generate",
+        "1",
+        "--discard",
+        "--from",
+        "latest",
+    ]);
+    assert_eq!(out.ok().lines().last(), Some(FAKE_JID), "{out:#?}");
+    let request = fake.calls.lock().expect("lock")[2].clone();
+    assert_eq!(request.from.as_deref(), Some("latest"));
+
     // A refusal of the coordinator is its message, and a non-zero exit.
     let out = client(
-        &["submit", "pipelines", "--generate", "1"],
+        &["submit", "pipelines", "--generate", "1", "--discard"],
         &url,
         Some(TOKEN),
     );
@@ -460,7 +515,7 @@ fn submit_sends_the_jobs_typed_parameters_and_options_as_json_and_prints_the_job
     let out = cairn(&["submit", "--rest", &url, "--rest-tokn", TOKEN, "wordcount"]);
     assert_eq!(out.code, Some(2), "{out:#?}");
     assert!(out.stderr.contains("--rest-tokn"), "{out:#?}");
-    assert_eq!(fake.calls.lock().expect("lock").len(), 2);
+    assert_eq!(fake.calls.lock().expect("lock").len(), 4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -473,7 +528,7 @@ const EVERY_COMMAND: &[&[&str]] = &[
     &["status", "abc"],
     &["cancel", "abc"],
     &["checkpoints", "abc"],
-    &["submit", "wordcount", "--generate", "10"],
+    &["submit", "wordcount", "--generate", "10", "--discard"],
 ];
 
 #[test]

@@ -870,3 +870,78 @@ fn the_coordinator_rest_api_requires_its_token() {
     let right = status(Some("s3cret"));
     assert!(right.starts_with("HTTP/1.1 200"), "{right}");
 }
+
+/// `submit … --output out` from a directory of its own: the path is the client's, made
+/// absolute before it is sent, so the output lands under the submitting shell's directory and
+/// not under the coordinator's or a worker's. The coordinator and the worker take bare ports,
+/// as the client commands do (127.0.0.1).
+#[test]
+fn relative_paths_of_a_submission_are_the_clients() {
+    let tmp = tempfile::tempdir().unwrap();
+    let servers = tmp.path().join("servers");
+    let client = tmp.path().join("client");
+    std::fs::create_dir_all(&servers).unwrap();
+    std::fs::create_dir_all(&client).unwrap();
+    let log = tmp.path().join("cluster.log");
+    let in_servers = |args: &[String]| {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        Proc(
+            cairn()
+                .args(args)
+                .current_dir(&servers)
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let ck = tmp.path().join("ck").display().to_string();
+    let _coordinator = in_servers(
+        &[
+            "coordinator",
+            "--bind",
+            "0",
+            "--rest",
+            "0",
+            "--checkpoint-dir",
+            ck.as_str(),
+        ]
+        .map(String::from),
+    );
+    let (bind, rest) = wait_for(
+        "the coordinator to listen",
+        &log,
+        Duration::from_secs(20),
+        || listening_lines(&log).first().copied(),
+    );
+    let bind = bind.to_string();
+    let _worker =
+        in_servers(&["worker", "--coordinator", bind.as_str(), "--slots", "2"].map(String::from));
+    let out = run_ok(
+        cairn()
+            .current_dir(&client)
+            .args(["submit", "--rest", &rest.to_string(), "backpressure"])
+            .args([
+                "--generate",
+                "2000",
+                "--keys",
+                "10",
+                "--sink-rate",
+                "1000000",
+            ])
+            .args(["--output", "out", "-p", "2"]),
+    );
+    let jid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    wait_for("the job to finish", &log, Duration::from_secs(90), || {
+        (assert_job_not_failed(rest, &jid, &log)? == "FINISHED").then_some(())
+    });
+    assert!(
+        !servers.join("out").exists(),
+        "the output went to the servers' directory"
+    );
+    assert_exactly_once(&client.join("out"), &backpressure_expected(2000, 10));
+}

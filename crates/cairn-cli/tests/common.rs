@@ -274,6 +274,16 @@ impl Watched {
             .unwrap_or_else(|e| panic!("bad REST address {addr:?}: {e}"))
     }
 
+    /// Sends SIGINT (as Ctrl-C in a terminal would).
+    pub fn interrupt(&self) {
+        let ok = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill -INT failed");
+    }
+
     /// Sends SIGTERM (as `kill` or a service manager would).
     pub fn terminate(&self) {
         let ok = Command::new("kill")

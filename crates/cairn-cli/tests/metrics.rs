@@ -530,3 +530,46 @@ fn a_worker_serves_its_subtasks_metrics_and_the_coordinator_its_jobs() {
         w.terminate();
     }
 }
+
+/// A job that ended leaves no series on the worker that ran it (a finished source's watermark
+/// at i64::MAX, 9.22e18, would otherwise stay scraped).
+#[test]
+fn a_worker_forgets_the_series_of_a_finished_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    let mut c = Cluster::start(&tmp.path().join("ck"), 0, deadline);
+    let mut worker = Watched::spawn(c.worker(2).args(["--metrics", "127.0.0.1:0"]));
+    let addr = worker.wait_for_line("worker metrics at http://", deadline);
+    let addr: SocketAddr = addr
+        .trim()
+        .strip_suffix("/metrics")
+        .expect("a /metrics URL")
+        .parse()
+        .unwrap();
+    let jid = submit(
+        c.rest,
+        None,
+        &[
+            "wordcount",
+            "-p",
+            "2",
+            "--generate",
+            "300000",
+            "--rate",
+            "100000",
+            "--keys",
+            "100",
+            "--discard",
+        ],
+    );
+    let of_job = |s: &[Sample]| s.iter().any(|x| x.labels.get("job_id") == Some(&jid));
+    scrape_until(&mut worker, addr, "the job's series", |s| {
+        of_job(s).then_some(())
+    });
+    poll_json(&mut c.coordinator, c.rest, &format!("/jobs/{jid}"), |b| {
+        (b["state"] == "FINISHED").then_some(())
+    });
+    scrape_until(&mut worker, addr, "the finished job's series gone", |s| {
+        (!of_job(s)).then_some(())
+    });
+}

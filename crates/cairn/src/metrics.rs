@@ -14,7 +14,7 @@
 //! endpoints). Below the runtime: it knows no task, channel or job, only counters.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,8 @@ pub struct SubtaskMetrics {
     running: AtomicU32,
     /// When the last task thread of the subtask stopped, if none runs.
     stopped_at: Mutex<Option<Instant>>,
+    /// Whether its last attempt reached the end of its input (FINISHED): it runs no more.
+    finished: AtomicBool,
     /// Mails (batches and events) queued in the input mailbox when the task last took one.
     pub inputs_queued: AtomicU64,
     /// Batches the current attempt's input channels may hold in all.
@@ -171,6 +173,7 @@ impl SubtaskMetrics {
             busy_ns: AtomicU64::new(0),
             running: AtomicU32::new(0),
             stopped_at: Mutex::new(None),
+            finished: AtomicBool::new(false),
             inputs_queued: AtomicU64::new(0),
             input_room: AtomicU64::new(0),
             outputs: Mutex::new(Vec::new()),
@@ -382,6 +385,19 @@ impl MetricsRegistry {
         }
     }
 
+    /// Forgets job `job_id` if every one of its subtasks here finished (a job's last
+    /// subtask to finish ends the job in this process: its series, a watermark at
+    /// `i64::MAX` say, would otherwise be scraped for [`RETAIN_STOPPED`]).
+    fn retire_if_finished(&self, job_id: &str) {
+        if let Ok(mut all) = self.subtasks.lock() {
+            let done =
+                |m: &Arc<SubtaskMetrics>| m.finished.load(Ordering::Relaxed) && !m.is_running();
+            if all.iter().filter(|m| m.job_id == job_id).all(done) {
+                all.retain(|m| m.job_id != job_id);
+            }
+        }
+    }
+
     /// Forgets the subtasks that stopped running longer than `retain` ago.
     fn forget_stopped(&self, retain: Duration) {
         let expired = |m: &Arc<SubtaskMetrics>| {
@@ -434,17 +450,32 @@ pub fn remote() -> &'static RemoteSubtasks {
 }
 
 impl RemoteSubtasks {
-    /// Takes the report of worker `worker` (its id and data address).
+    /// Takes the report of worker `worker` (its id and data address): every subtask its
+    /// registry holds, so a subtask of it missing from the report (of a job the worker
+    /// forgot) is forgotten here too.
     pub fn report(&self, worker: (u32, &str), snapshots: Vec<SubtaskSnapshot>) {
         let Ok(mut r) = self.reports.lock() else {
             return;
         };
         let now = Instant::now();
+        r.retain(|key, (s, _)| {
+            s.worker.as_ref().map(|w| w.0) != Some(worker.0)
+                || snapshots
+                    .iter()
+                    .any(|n| (&n.job_id, n.vertex_index, n.subtask) == (&key.0, key.1, key.2))
+        });
         for mut s in snapshots {
             s.worker = Some((worker.0, worker.1.to_string()));
             r.insert((s.job_id.clone(), s.vertex_index, s.subtask), (s, now));
         }
         r.retain(|_, (_, at)| now.duration_since(*at) < RETAIN_STOPPED);
+    }
+
+    /// Forgets the reports of job `job_id`'s subtasks.
+    pub fn forget_job(&self, job_id: &str) {
+        if let Ok(mut r) = self.reports.lock() {
+            r.retain(|(job, _, _), _| job != job_id);
+        }
     }
 
     fn of_job(&self, job_id: &str) -> Vec<SubtaskSnapshot> {
@@ -458,6 +489,15 @@ impl RemoteSubtasks {
             })
             .unwrap_or_default()
     }
+}
+
+/// Forgets job `job_id` in this process: its subtasks' metrics ([`registry`]) and the
+/// reports of them ([`remote`]). For the end of a job the runtime does not see end here: a
+/// cancelled or failed job on a worker, a job that ended at a coordinator. (A job whose
+/// subtasks all finished is forgotten as the last one ends.)
+pub fn forget_job(job_id: &str) {
+    registry().retire_job(job_id);
+    remote().forget_job(job_id);
 }
 
 /// The subtasks of job `job_id`, here or reported by workers, by vertex and subtask.
@@ -487,6 +527,7 @@ thread_local! {
 pub fn enter(metrics: Option<Arc<SubtaskMetrics>>) -> TaskGuard {
     if let Some(m) = &metrics {
         m.running.fetch_add(1, Ordering::Relaxed);
+        m.finished.store(false, Ordering::Relaxed);
         if let Ok(mut s) = m.stopped_at.lock() {
             *s = None;
         }
@@ -498,12 +539,25 @@ pub fn enter(metrics: Option<Arc<SubtaskMetrics>>) -> TaskGuard {
 /// Ends a task thread's [`enter`].
 pub struct TaskGuard(Option<Arc<SubtaskMetrics>>);
 
+impl TaskGuard {
+    /// The subtask reached the end of its input: once every subtask of its job here has, the
+    /// job's metrics are forgotten (when the last guard drops).
+    pub fn finished(&self) {
+        if let Some(m) = &self.0 {
+            m.finished.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Drop for TaskGuard {
     fn drop(&mut self) {
         if let Some(m) = &self.0 {
             if m.running.fetch_sub(1, Ordering::Relaxed) == 1 {
                 if let Ok(mut s) = m.stopped_at.lock() {
                     *s = Some(Instant::now());
+                }
+                if m.finished.load(Ordering::Relaxed) {
+                    registry().retire_if_finished(&m.job_id);
                 }
             }
         }

@@ -185,3 +185,99 @@ fn keyed_connect_joins_two_streams_with_shared_state() {
     let expected: u64 = (0..2_000u64).map(|i| (1 + i % 3) * (10 + i % 50)).sum();
     assert_eq!(total, expected);
 }
+
+#[test]
+fn a_graph_names_its_sinks_that_print_to_stdout() {
+    use cairn::connectors::{DiscardSink, PrintSink};
+    let env = StreamEnv::new();
+    let numbers = env.source(SequenceSource::new(10, 0, |i| i)).uid("numbers");
+    numbers
+        .clone()
+        .sink(PrintSink::new(Arc::new(|n: &u64, out: &mut Vec<u8>| {
+            out.extend_from_slice(format!("{n}\n").as_bytes())
+        })))
+        .uid("print");
+    numbers.clone().sink(DiscardSink).uid("discard");
+    numbers
+        .sink(Collect(Arc::new(Mutex::new(Vec::new()))))
+        .uid("collect");
+    let graph = env.build("prints").unwrap();
+    assert_eq!(graph.stdout_sinks(), vec!["print".to_string()]);
+
+    let quiet = StreamEnv::new();
+    quiet
+        .source(SequenceSource::new(10, 0, |i| i))
+        .uid("numbers")
+        .sink(DiscardSink)
+        .uid("discard");
+    assert!(quiet.build("quiet").unwrap().stdout_sinks().is_empty());
+}
+
+/// A job whose subtasks all finished leaves no series in the process's metrics registry (a
+/// finished source's watermark at i64::MAX would otherwise be scraped for minutes).
+#[test]
+fn a_finished_job_leaves_no_subtask_metrics_in_the_process() {
+    use cairn::connectors::DiscardSink;
+    let env = StreamEnv::new();
+    env.source(SequenceSource::new(1000, 0, |i| i))
+        .uid("numbers")
+        .rebalance()
+        .sink(DiscardSink)
+        .uid("discard");
+    let graph = env.build("finishing").unwrap();
+    let summary = run_job(
+        &graph,
+        RunOptions {
+            config: config(2),
+            ..RunOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(summary.records, 1000);
+    assert!(
+        cairn::metrics::registry()
+            .of_job(&summary.job_id)
+            .is_empty(),
+        "{:?}",
+        cairn::metrics::registry().of_job(&summary.job_id)
+    );
+}
+
+/// A worker's report is every subtask it holds: one it no longer reports (of a job it
+/// forgot) is forgotten by the coordinator too; `forget_job` forgets a job's reports.
+#[test]
+fn reports_of_subtasks_a_worker_forgot_are_forgotten() {
+    use cairn::metrics::{remote, snapshots_of_job, SubtaskSnapshot, NO_WATERMARK};
+    let snapshot = |job: &str, subtask: u32| SubtaskSnapshot {
+        job_id: job.to_string(),
+        vertex_index: 0,
+        subtask,
+        running: true,
+        records_in: 1,
+        records_out: 1,
+        bytes_in: 0,
+        bytes_out: 0,
+        idle_ms: 0,
+        backpressured_ms: 0,
+        busy_ms: 0,
+        rates: [0.0; 5],
+        queues: [0.0; 2],
+        watermark: NO_WATERMARK,
+        worker: None,
+    };
+    let (ended, running) = ("reports-ended", "reports-running");
+    remote().report(
+        (7, "127.0.0.1:1"),
+        vec![snapshot(ended, 0), snapshot(running, 0)],
+    );
+    remote().report((8, "127.0.0.1:2"), vec![snapshot(ended, 1)]);
+    assert_eq!(snapshots_of_job(ended).len(), 2);
+    // Worker 7 forgot the ended job; worker 8's report of it stays until it does too.
+    remote().report((7, "127.0.0.1:1"), vec![snapshot(running, 0)]);
+    let left: Vec<u32> = snapshots_of_job(ended).iter().map(|s| s.subtask).collect();
+    assert_eq!(left, vec![1]);
+    assert_eq!(snapshots_of_job(running).len(), 1);
+    cairn::metrics::forget_job(ended);
+    assert!(snapshots_of_job(ended).is_empty());
+    assert_eq!(snapshots_of_job(running).len(), 1);
+}

@@ -96,6 +96,11 @@ impl Job for ClickCount {
         .uid("sink");
         env.build("click-count")
     }
+
+    /// `submit` makes a relative `--output` absolute where it runs, before it sends the job.
+    fn paths(p: &mut Params) -> Vec<&mut PathBuf> {
+        p.output.iter_mut().collect()
+    }
 }
 
 fn main() -> ExitCode {

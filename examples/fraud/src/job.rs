@@ -219,6 +219,10 @@ impl Job for FraudDetection {
     fn source_records(&self, params: &FraudParams, _: &JobContext) -> Result<Option<u64>, String> {
         Ok(Some(params.settings()?.transactions))
     }
+
+    fn paths(params: &mut FraudParams) -> Vec<&mut PathBuf> {
+        params.output.iter_mut().collect()
+    }
 }
 
 /// `ACCOUNT  SMALL_ID  SMALL_TIME  SMALL_AMOUNT  LARGE_ID  LARGE_TIME  LARGE_AMOUNT`,

@@ -163,6 +163,7 @@ impl StreamEnv {
             kind,
             writer: writer_fn::<O>(),
             sink_init,
+            stdout: false,
         });
         id
     }
@@ -416,6 +417,7 @@ impl<T: Data> DataStream<T> {
 
     /// Writes the stream to a sink; returns the sink's (empty) output for setting uid and parallelism.
     pub fn sink(self, sink: impl Sink<T>) -> DataStream<()> {
+        let stdout = sink.writes_to_stdout();
         let sink = Arc::new(sink);
         let s2 = sink.clone();
         let init: SinkInitFn = Arc::new(move |owner, restored| s2.initialize(owner, restored));
@@ -433,6 +435,7 @@ impl<T: Data> DataStream<T> {
             Ok(SinkOp::new(init.uid.clone(), writer))
         });
         let id = self.env.add_node::<()>("sink", kind, Some(init));
+        self.env.graph.borrow_mut().nodes[id].stdout = stdout;
         self.env.add_edge(self.node, id, 0, self.partition.clone());
         DataStream::new(self.env.clone(), id)
     }

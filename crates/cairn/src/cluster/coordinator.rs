@@ -173,11 +173,25 @@ impl Coordinator {
 
     /// Slots of live workers: offered in all, and reserved by jobs that have not ended.
     pub fn slots_reserved(&self) -> (u32, u32) {
+        // A job whose end is visible holds none, even before its thread released them.
+        let ended: Vec<String> = self.inner.jobs.lock().map_or_else(
+            |_| Vec::new(),
+            |jobs| {
+                let ended = jobs
+                    .iter()
+                    .filter(|(_, e)| e.status.view_state().is_ended());
+                ended.map(|(id, _)| id.clone()).collect()
+            },
+        );
         let Ok(workers) = self.inner.workers.lock() else {
             return (0, 0);
         };
         let offered = offered_slots(&workers);
-        let reserved = self.inner.slots.lock().map_or(0, |t| t.reserved(&offered));
+        let reserved = self
+            .inner
+            .slots
+            .lock()
+            .map_or(0, |t| t.reserved(&offered, &ended));
         (offered.values().sum(), reserved)
     }
 
@@ -544,6 +558,8 @@ impl Inner {
         if let Ok(mut slots) = self.slots.lock() {
             slots.release(job_id);
         }
+        // Its subtasks' series, here and as workers reported them.
+        crate::metrics::forget_job(job_id);
         self.workers_changed.notify_all();
         let forgotten = {
             let Ok(mut jobs) = self.jobs.lock() else {

@@ -97,10 +97,13 @@ impl SlotTable {
         self.held.remove(job).is_some()
     }
 
-    /// Slots held on the live `workers`.
-    pub(crate) fn reserved(&self, workers: &BTreeMap<u32, u32>) -> u32 {
-        let held = self.held.values().flatten();
-        held.filter(|w| workers.contains_key(w)).count() as u32
+    /// Slots held on the live `workers` by jobs other than `ended` ones.
+    pub(crate) fn reserved(&self, workers: &BTreeMap<u32, u32>, ended: &[String]) -> u32 {
+        let held = self.held.iter().filter(|(job, _)| !ended.contains(job));
+        let on_live = held
+            .flat_map(|(_, slots)| slots)
+            .filter(|w| workers.contains_key(w));
+        on_live.count() as u32
     }
 }
 
@@ -118,7 +121,8 @@ mod tests {
         let w = workers(&[(1, 2), (2, 2)]);
         assert_eq!(t.reserve("a", 2, &w).unwrap(), [1, 1]);
         assert_eq!(t.reserve("b", 2, &w).unwrap(), [2, 2]);
-        assert_eq!(t.reserved(&w), 4);
+        assert_eq!(t.reserved(&w, &[]), 4);
+        assert_eq!(t.reserved(&w, &["b".to_string()]), 2);
         let e = t.reserve("c", 1, &w).unwrap_err();
         assert_eq!(
             e,
@@ -152,7 +156,7 @@ mod tests {
         assert_eq!(t.reserve("a", 2, &w).unwrap(), [1, 1]);
         let e = t.reserve("b", 2, &w).unwrap_err();
         assert_eq!(e.available, 1);
-        assert_eq!(t.reserved(&w), 2);
+        assert_eq!(t.reserved(&w, &[]), 2);
         assert!(!t.release("b"));
     }
 }

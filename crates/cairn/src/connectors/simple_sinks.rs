@@ -49,6 +49,9 @@ impl<T: Send + 'static> Sink<T> for PrintSink<T> {
     fn guarantee(&self) -> SinkGuarantee {
         SinkGuarantee::None
     }
+    fn writes_to_stdout(&self) -> bool {
+        true
+    }
     fn create_writer(&self, _ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<T>>> {
         Ok(Box::new(PrintWriter {
             encoder: self.encoder.clone(),

@@ -193,6 +193,8 @@ pub struct NodeSpec {
     pub writer: WriterFn,
     /// For sinks: the once-per-attempt commit of restored transactions.
     pub sink_init: Option<SinkInitFn>,
+    /// A sink that writes to its process's standard output (`PrintSink`).
+    pub stdout: bool,
 }
 
 /// A validated job graph, ready to run.
@@ -219,5 +221,15 @@ impl JobGraph {
     /// The edges.
     pub fn edges(&self) -> &[EdgeSpec] {
         &self.edges
+    }
+    /// The uids of the sinks that write to their process's standard output (`PrintSink`):
+    /// embedded, the terminal of `run`; on a cluster, the stdout of whichever worker runs
+    /// them, which nobody reads.
+    pub fn stdout_sinks(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.stdout)
+            .map(|n| n.uid.clone())
+            .collect()
     }
 }

@@ -444,6 +444,11 @@ pub trait Sink<T>: Send + Sync + 'static {
     }
     /// A writer for one subtask.
     fn create_writer(&self, ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<T>>>;
+    /// Whether the sink writes to the standard output of the process its subtasks run in: on
+    /// a cluster, some worker's (see [`JobGraph::stdout_sinks`](crate::runtime::graph::JobGraph::stdout_sinks)).
+    fn writes_to_stdout(&self) -> bool {
+        false
+    }
 }
 
 /// The writing side of a sink subtask.

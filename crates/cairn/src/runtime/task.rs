@@ -200,12 +200,16 @@ pub struct TaskRuntime {
 impl TaskRuntime {
     /// Runs the subtask to its end.
     pub fn run(&mut self) -> TaskResult {
-        let _metrics = crate::metrics::enter(self.io.clone());
-        if self.gate.is_some() {
+        let metrics = crate::metrics::enter(self.io.clone());
+        let result = if self.gate.is_some() {
             self.run_operator()
         } else {
             self.run_source()
+        };
+        if result.is_ok() {
+            metrics.finished();
         }
+        result
     }
 
     fn inject(&self) -> TaskResult {

@@ -219,7 +219,7 @@ impl<'a> JobMaster<'a> {
         for (request_id, outcome) in self.core.drain_savepoint_outcomes() {
             let state = match outcome {
                 SavepointOutcome::Completed { location, .. } => {
-                    info!("savepoint stored in {location}");
+                    info!("savepoint {request_id} completed at {location}");
                     SavepointState::Completed { location }
                 }
                 SavepointOutcome::Failed(cause) => {
