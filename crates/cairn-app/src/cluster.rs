@@ -12,6 +12,7 @@ use cairn::cluster::{InjectRequest, JobSubmission};
 use cairn::config::{parse_duration, JobConfig};
 use cairn_rest::{ClusterResources, JobRegistry, JobSubmitter, Resources, SubmitRequest};
 use clap::{Args, FromArgMatches};
+use nix::sys::signal::{SigSet, Signal};
 use serde_json::Value;
 
 use crate::job::Jobs;
@@ -180,6 +181,14 @@ impl ClusterResources for Workers {
 }
 
 pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
+    // Before any thread starts, so that every thread inherits the blocked signals and this
+    // one takes them.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGTERM);
+    signals
+        .thread_block()
+        .context("cannot block SIGINT and SIGTERM for their handler")?;
     let heartbeat_timeout = duration("--heartbeat-timeout", &args.heartbeat_timeout)?;
     let slot_wait = duration("--slot-wait", &args.slot_wait)?;
     let rest_addr = socket_addr("--rest", &args.rest)?;
@@ -214,18 +223,27 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
         jobs,
     }));
     registry.set_resources(Arc::new(Workers(coordinator.clone())));
+    // The recorded jobs first, so that the REST API lists every one from its first answer.
+    for status in coordinator.resume_recorded_jobs() {
+        registry.register(status);
+    }
     let server = cairn_rest::serve(rest_addr, registry.clone(), args.rest_token.clone())?;
     eprintln!(
         "coordinator listening for workers on {}, REST API on http://{}",
         coordinator.local_addr(),
         server.local_addr()
     );
-    for status in coordinator.resume_recorded_jobs() {
-        registry.register(status);
-    }
-    loop {
-        std::thread::park();
-    }
+    // SIGINT or SIGTERM: the jobs that have not ended are SUSPENDED (not recorded as ended),
+    // so a coordinator started on the same checkpoint directory resumes them.
+    let signal = signals.wait().context("cannot wait for signals")?;
+    let suspended = coordinator.suspend(&format!(
+        "the coordinator stopped on {signal}; a coordinator started on the same --checkpoint-dir resumes the job"
+    ));
+    eprintln!(
+        "coordinator stopped on {signal}: {suspended} job(s) suspended; `cairn coordinator --checkpoint-dir {}` resumes them",
+        args.checkpoint_dir.display()
+    );
+    Ok(())
 }
 
 pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {

@@ -379,3 +379,35 @@ fn latest_on_a_coordinator_is_the_named_jobs_and_slots_are_reserved_per_job() {
     );
     cluster.assert_running();
 }
+
+#[test]
+fn a_stopped_coordinator_suspends_its_jobs_and_the_next_one_resumes_them() {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let mut cluster = Cluster::start(&ck, 1, deadline);
+    let rest = cluster.rest;
+    let jid = submit(
+        rest,
+        None,
+        &strs(&wordcount(100_000_000, 5_000, &tmp.path().join("out"), "2")),
+    );
+    wait_state(&mut cluster, &jid, "RUNNING", deadline);
+    cluster.coordinator.terminate();
+    let line = cluster
+        .coordinator
+        .wait_for_line_containing("job(s) suspended", deadline);
+    assert!(line.contains("SIGTERM: 1 job(s) suspended"), "{line}");
+    let Cluster { coordinator, .. } = cluster;
+    let (status, stderr) = coordinator.wait(deadline);
+    assert!(
+        status.success(),
+        "a stop on SIGTERM is no failure: {stderr}"
+    );
+    // Not recorded as ended: the next coordinator resumes it, under its id.
+    assert!(!ck.join(&jid).join("_end").exists());
+    let mut cluster = Cluster::start(&ck, 1, deadline);
+    let job = wait_state(&mut cluster, &jid, "RUNNING", deadline);
+    assert_eq!(job["jid"], jid.as_str());
+    cluster.assert_running();
+}

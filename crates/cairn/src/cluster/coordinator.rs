@@ -195,6 +195,22 @@ impl Coordinator {
         (offered.values().sum(), reserved)
     }
 
+    /// The coordinator stops: every job that has not ended is SUSPENDED with `cause` (and
+    /// not recorded as ended, so the next coordinator on the checkpoint directory resumes it).
+    /// Returns how many.
+    pub fn suspend(&self, cause: &str) -> usize {
+        let Ok(jobs) = self.inner.jobs.lock() else {
+            return 0;
+        };
+        let suspended = jobs.values().filter(|e| {
+            e.status
+                .transition(JobState::Suspended, Actor::Coordinator, Some(cause.into()))
+                .is_ok()
+                && e.status.view_state() == JobState::Suspended
+        });
+        suspended.count()
+    }
+
     /// Calls `f` with the id of every job the bounded history lets go (so that whoever lists
     /// jobs, the REST API, forgets them too).
     pub fn on_forget(&self, f: impl Fn(&str) + Send + Sync + 'static) {
@@ -466,10 +482,10 @@ impl Coordinator {
                     error!("cannot resume job {job_id}: {e}");
                     let name = record.submission.job.clone();
                     let status = JobStatus::new(job_id.clone(), name, Vec::new());
-                    status.fail(Actor::Coordinator, &format!("cannot resume the job: {e}"));
                     if self.inner.add_job(&job_id, status.clone()).is_ok() {
-                        self.inner
-                            .job_ended(&job_id, &status, Err(JobError::Setup(e)));
+                        let cause = format!("cannot resume the job: {e}");
+                        let ended = Err(JobError::Setup(cause));
+                        self.inner.job_ended(&job_id, &status, ended);
                         out.push(status);
                     }
                 }
@@ -507,6 +523,18 @@ impl Inner {
                 return Err(format!("job {job_id} is {state} on this coordinator"));
             }
         }
+        // The end is recorded before anyone sees it: a coordinator killed right after a job
+        // showed CANCELED or FAILED never resumes it.
+        let dir = self.opts.checkpoint_dir.join(job_id);
+        let id = job_id.to_string();
+        status.on_end(move |view| {
+            let Some(end) = EndRecord::of_view(view) else {
+                return;
+            };
+            if let Err(e) = end.write(&dir) {
+                error!("job {id} ended {} but its end could not be recorded ({e}); a restarted coordinator would resume it", end.state);
+            }
+        });
         jobs.insert(
             job_id.to_string(),
             JobEntry {
@@ -543,17 +571,12 @@ impl Inner {
                 warn!("job {job_id} failed: {e}");
             }
         }
-        let dir = self.opts.checkpoint_dir.join(job_id);
-        match EndRecord::of(status) {
-            Some(end) => {
-                if let Err(e) = end.write(&dir) {
-                    error!("job {job_id} ended {} but its end could not be recorded ({e}); a restarted coordinator would resume it", end.state);
-                }
-            }
-            None => error!(
+        // Its end was recorded as it entered it (the hook `add_job` set).
+        if !status.view_state().is_ended() {
+            error!(
                 "job {job_id} ended in state {}, which is no end",
                 status.view_state()
-            ),
+            );
         }
         if let Ok(mut slots) = self.slots.lock() {
             slots.release(job_id);

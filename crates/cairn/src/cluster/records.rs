@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::JobSubmission;
-use crate::runtime::status::{JobState, JobStatus};
+use crate::runtime::status::{JobState, JobStatus, JobStatusView};
 
 /// The file in `<checkpoint-dir>/<job-id>/` that records how a job was submitted.
 pub const JOB_RECORD: &str = "_job";
@@ -68,11 +68,15 @@ pub struct EndRecord {
 impl EndRecord {
     /// How the job whose status this is ended (None while it has not).
     pub fn of(status: &JobStatus) -> Option<EndRecord> {
-        let v = status.view();
+        EndRecord::of_view(&status.view())
+    }
+
+    /// How the job this view shows ended (None while it has not).
+    pub fn of_view(v: &JobStatusView) -> Option<EndRecord> {
         v.state.is_terminal().then(|| EndRecord {
-            name: v.name,
+            name: v.name.clone(),
             state: v.state,
-            cause: v.failure_cause,
+            cause: v.failure_cause.clone(),
             start_time: v.start_time,
             end_time: v.end_time.unwrap_or(v.start_time),
             restarts: v.restarts,

@@ -169,7 +169,6 @@ pub const EXCEPTIONS_MAX: usize = 32;
 pub const HISTORY_MAX: usize = 100;
 
 /// A job's shared status.
-#[derive(Debug)]
 pub struct JobStatus {
     view: RwLock<JobStatusView>,
     history: RwLock<VecDeque<CheckpointMetadata>>,
@@ -179,6 +178,21 @@ pub struct JobStatus {
     /// Wakes the job master when a command or a cancel is requested (capacity 1: one pending
     /// nudge is enough, the master takes every command when it wakes).
     nudge: (Sender<()>, Receiver<()>),
+    /// Called with the view of the job as it enters a terminal state, before anyone can see
+    /// that state (a coordinator records the end durably first).
+    on_end: Mutex<Option<EndHook>>,
+}
+
+/// See [`JobStatus::on_end`].
+pub type EndHook = Box<dyn Fn(&JobStatusView) + Send + Sync>;
+
+impl std::fmt::Debug for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobStatus")
+            .field("view", &self.view)
+            .field("cancel", &self.cancel)
+            .finish_non_exhaustive()
+    }
 }
 
 impl JobStatus {
@@ -209,6 +223,7 @@ impl JobStatus {
             commands: Mutex::new(Vec::new()),
             completed_seen: std::sync::atomic::AtomicUsize::new(0),
             nudge: crossbeam_channel::bounded(1),
+            on_end: Mutex::new(None),
         })
     }
 
@@ -280,8 +295,22 @@ impl JobStatus {
                     v.failure_cause = Some(c);
                 }
             }
+            if state.is_terminal() {
+                let hook = self.on_end.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(hook) = hook.as_ref() {
+                    hook(v);
+                }
+            }
         });
         result
+    }
+
+    /// Calls `hook` with the job's view when it enters a terminal state, before the state is
+    /// visible to anyone else (the view's lock is held): whoever must record the end durably
+    /// first does it there.
+    pub fn on_end(&self, hook: impl Fn(&JobStatusView) + Send + Sync + 'static) {
+        let mut slot = self.on_end.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = Some(Box::new(hook));
     }
 
     /// Sets the state as the job master does (the transition must be allowed; a refused one
