@@ -1,0 +1,259 @@
+//! Network faults between cluster processes, made by a TCP proxy the test controls (see
+//! `common::Proxy`): a stalled link (open, silent), a reset one and a slow one, between a worker
+//! and the coordinator and between two workers. A wordcount at parallelism 2 across the two
+//! workers fails over where the fault must make it, and ends with exactly the output of an
+//! undisturbed run; the workers stay registered and serve on. Also a worker pointed at the
+//! coordinator's REST port, which answers in HTTP.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Words of the job and distinct words.
+const WORDS: u64 = 30_000;
+const KEYS: u64 = 50;
+
+/// Where the proxy sits.
+#[derive(Debug, Clone, Copy)]
+enum Link {
+    /// Between the first worker and the coordinator.
+    Control,
+    /// In front of the first worker's data port: what the second worker sends it.
+    Data,
+}
+
+/// What the test does to the proxied link once the job checkpointed.
+#[derive(Debug, Clone, Copy)]
+enum Trouble {
+    Stall,
+    Reset,
+    Slow,
+}
+
+/// A coordinator and two workers of one slot each, the first one's `path` through a proxy.
+struct FaultyCluster {
+    cluster: Cluster,
+    proxy: Proxy,
+}
+
+fn faulty_cluster(ck: &Path, path: Link, deadline: Instant) -> FaultyCluster {
+    let mut cluster = Cluster::start_with(ck, 0, &["--heartbeat-timeout", "1s"], deadline);
+    let proxy = Proxy::unaimed();
+    let mut first = match path {
+        Link::Control => {
+            proxy.aim(&cluster.bind);
+            let mut cmd = cairn();
+            cmd.args(["worker", "--slots", "1", "--coordinator"])
+                .arg(proxy.addr().to_string());
+            Watched::spawn(&mut cmd)
+        }
+        Link::Data => {
+            let mut cmd = cluster.worker(1);
+            cmd.args(["--data-advertise", &proxy.addr().to_string()]);
+            Watched::spawn(&mut cmd)
+        }
+    };
+    if let Link::Data = path {
+        let line = first.wait_for_line_containing("listening for data on ", deadline);
+        let (_, rest) = line.split_once("listening for data on ").unwrap();
+        let bound = rest.split_once(',').unwrap().0;
+        proxy.aim(bound);
+    }
+    first.wait_for_line_containing("registered with the coordinator", deadline);
+    let mut second = Watched::spawn(&mut cluster.worker(1));
+    second.wait_for_line_containing("registered with the coordinator", deadline);
+    cluster.workers = vec![first, second];
+    FaultyCluster { cluster, proxy }
+}
+
+/// Submits the wordcount: parallelism 2, its source throttled so that it runs for seconds,
+/// frequent checkpoints that time out soon (a stalled data link fails them, and the job over),
+/// restarts without end or delay.
+fn submit_job(cluster: &Cluster, out: &Path) -> String {
+    let out = out.display().to_string();
+    let words = WORDS.to_string();
+    let keys = KEYS.to_string();
+    let job = [
+        "wordcount",
+        "-p",
+        "2",
+        "--generate",
+        &words,
+        "--keys",
+        &keys,
+        "--rate",
+        "5000",
+        "--output",
+        &out,
+        "--checkpoint-interval",
+        "200ms",
+        "-D",
+        "execution.checkpointing.timeout=2s",
+        "-D",
+        "restart-strategy.type=fixed-delay",
+        "-D",
+        "restart-strategy.fixed-delay.attempts=1000",
+        "-D",
+        "restart-strategy.fixed-delay.delay=100ms",
+    ];
+    submit(cluster.rest, None, &job)
+}
+
+/// Live workers, as `GET /overview` says.
+fn live_workers(cluster: &Cluster) -> Option<u64> {
+    let url = format!("http://{}/overview", cluster.rest);
+    let body = ureq::get(&url)
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["workers"].as_u64()
+}
+
+fn run(path: Link, trouble: Trouble) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let start = Instant::now();
+    let FaultyCluster { mut cluster, proxy } =
+        faulty_cluster(&ck, path, start + Duration::from_secs(30));
+    let out = tmp.path().join("out");
+    let jid = submit_job(&cluster, &out);
+    let rest = cluster.rest;
+    cluster
+        .coordinator
+        .wait_for_a_checkpoint(&ck, start + Duration::from_secs(40));
+    let restarts = || rest_job_restarts(rest, &jid).unwrap_or(0);
+    let must_restart = !matches!(trouble, Trouble::Slow);
+    let stats = proxy.stats();
+    let before = stats.forwarded.load(Relaxed);
+    assert!(before > 0, "nothing went through the proxy");
+    match trouble {
+        Trouble::Stall => {
+            proxy.set(Fault::Stall);
+            cluster.coordinator.wait_until(
+                "a restart while the link stalls",
+                start + Duration::from_secs(60),
+                || restarts() >= 1,
+            );
+            assert!(
+                stats.held.load(Relaxed) > 0,
+                "the stalled proxy held nothing"
+            );
+            proxy.set(Fault::Pass);
+        }
+        Trouble::Reset => {
+            proxy.reset();
+            assert!(stats.reset.load(Relaxed) > 0, "no connection to reset");
+            cluster.coordinator.wait_until(
+                "a restart after the reset",
+                start + Duration::from_secs(60),
+                || restarts() >= 1,
+            );
+        }
+        Trouble::Slow => proxy.set(Fault::Slow {
+            chunk: 512,
+            delay: Duration::from_millis(1),
+        }),
+    }
+    let deadline = start + Duration::from_secs(120);
+    cluster
+        .coordinator
+        .wait_until("the job to finish", deadline, || {
+            let state = rest_job_state(rest, &jid);
+            assert_ne!(state.as_deref(), Some("FAILED"), "the job failed");
+            state.as_deref() == Some("FINISHED")
+        });
+    if matches!(trouble, Trouble::Slow) {
+        assert!(
+            stats.slowed.load(Relaxed) > 0,
+            "nothing crossed the slow link"
+        );
+    }
+    // No worker froze: both are (again) registered and heartbeating.
+    cluster
+        .coordinator
+        .wait_until("both workers to be live", deadline, || {
+            live_workers(&cluster) == Some(2)
+        });
+    cluster.assert_running();
+    let restarted = restarts();
+    eprintln!(
+        "{path:?} {trouble:?}: {restarted} restarts, {:?}",
+        start.elapsed()
+    );
+    if must_restart {
+        assert!(restarted >= 1, "the fault did not make the job fail over");
+    }
+    assert_exactly_once(&out, &generated_counts(WORDS, KEYS));
+    assert_no_leftovers(&out);
+}
+
+#[test]
+fn a_stalled_control_link_fails_the_worker_over_and_it_comes_back() {
+    run(Link::Control, Trouble::Stall);
+}
+
+#[test]
+fn a_reset_control_link_fails_the_worker_over_and_it_comes_back() {
+    run(Link::Control, Trouble::Reset);
+}
+
+#[test]
+fn a_slow_control_link_still_gives_exact_output() {
+    run(Link::Control, Trouble::Slow);
+}
+
+#[test]
+fn a_stalled_data_link_fails_the_job_over() {
+    run(Link::Data, Trouble::Stall);
+}
+
+#[test]
+fn a_reset_data_link_fails_the_job_over() {
+    run(Link::Data, Trouble::Reset);
+}
+
+#[test]
+fn a_slow_data_link_still_gives_exact_output() {
+    run(Link::Data, Trouble::Slow);
+}
+
+/// A worker pointed at the REST port says once that it answers in HTTP, and retries with a
+/// growing pause instead of logging five times a second.
+#[test]
+fn a_worker_dialling_the_rest_port_names_http_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let cluster = Cluster::start(&tmp.path().join("ck"), 0, deadline);
+    // The proxy counts the worker's attempts to connect.
+    let proxy = Proxy::start(&cluster.rest.to_string());
+    let mut cmd = cairn();
+    cmd.args(["worker", "--coordinator"])
+        .arg(proxy.addr().to_string());
+    let mut worker = Watched::spawn(&mut cmd);
+    let line = worker.wait_for_line_containing("answered in HTTP", deadline);
+    assert!(
+        line.contains(&format!(
+            "coordinator at {} answered in HTTP: is this the REST port? workers connect to the coordinator's --bind port",
+            proxy.addr()
+        )),
+        "{line}"
+    );
+    // Pauses of 0.2, 0.4, 0.8 and 1.6 s: five attempts take about three seconds.
+    worker.wait_until("five attempts to connect", deadline, || {
+        proxy.stats().connections.load(Relaxed) >= 5
+    });
+    let stderr = worker.stderr_so_far();
+    assert_eq!(
+        stderr.matches("answered in HTTP").count(),
+        1,
+        "HTTP named more than once:\n{stderr}"
+    );
+    assert!(!stderr.contains("exceeds the limit"), "{stderr}");
+}
