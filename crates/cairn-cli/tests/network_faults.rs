@@ -103,9 +103,9 @@ fn submit_job(cluster: &Cluster, out: &Path) -> String {
     submit(cluster.rest, None, &job)
 }
 
-/// Live workers, as `GET /overview` says.
-fn live_workers(cluster: &Cluster) -> Option<u64> {
-    let url = format!("http://{}/overview", cluster.rest);
+/// Live workers, as `GET /overview` of the REST API at `rest` says.
+fn live_workers(rest: std::net::SocketAddr) -> Option<u64> {
+    let url = format!("http://{rest}/overview");
     let body = ureq::get(&url)
         .call()
         .ok()?
@@ -113,7 +113,7 @@ fn live_workers(cluster: &Cluster) -> Option<u64> {
         .read_to_string()
         .ok()?;
     let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-    v["workers"].as_u64()
+    v["taskmanagers"].as_u64()
 }
 
 fn run(path: Link, trouble: Trouble) {
@@ -179,7 +179,7 @@ fn run(path: Link, trouble: Trouble) {
     cluster
         .coordinator
         .wait_until("both workers to be live", deadline, || {
-            live_workers(&cluster) == Some(2)
+            live_workers(rest) == Some(2)
         });
     cluster.assert_running();
     let restarted = restarts();
