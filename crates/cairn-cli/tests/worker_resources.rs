@@ -94,7 +94,7 @@ fn a_worker_is_back_to_its_idle_threads_and_sockets_after_a_hundred_jobs() {
     let first = small_job(&cluster, &tmp.path().join("out-0"));
     wait_finished(
         &mut cluster,
-        &[first.clone()],
+        std::slice::from_ref(&first),
         start + Duration::from_secs(60),
     );
     let released = format!("of job {first}");
