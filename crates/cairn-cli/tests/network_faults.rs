@@ -257,3 +257,105 @@ fn a_worker_dialling_the_rest_port_names_http_once() {
     );
     assert!(!stderr.contains("exceeds the limit"), "{stderr}");
 }
+
+/// Heartbeats both ways: with the link between a worker and the coordinator stalled (open,
+/// silent), the coordinator declares the worker dead and the worker gives the coordinator up
+/// — neither waits for the operating system — and once the link passes again the worker is
+/// back.
+#[test]
+fn a_stalled_coordinator_link_is_noticed_on_both_sides() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let FaultyCluster { mut cluster, proxy } =
+        faulty_cluster(&tmp.path().join("ck"), Link::Control, deadline);
+    proxy.set(Fault::Stall);
+    cluster.workers[0].wait_for_line_containing(
+        "lost the coordinator (no heartbeat from the coordinator for 1s)",
+        deadline,
+    );
+    cluster
+        .coordinator
+        .wait_for_line_containing("missed its heartbeats", deadline);
+    proxy.set(Fault::Pass);
+    let rest = cluster.rest;
+    cluster
+        .coordinator
+        .wait_until("both workers to be live", deadline, || {
+            live_workers(rest) == Some(2)
+        });
+}
+
+/// A listener whose accept queue is full: a connect to it gets no answer at all (its SYNs are
+/// dropped), as with a host that vanished from the network.
+fn unanswering_address() -> (
+    socket2::Socket,
+    Vec<std::net::TcpStream>,
+    std::net::SocketAddr,
+) {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket
+        .bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+    socket.listen(0).unwrap();
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    let mut queued = Vec::new();
+    loop {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(s) => queued.push(s),
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+                break;
+            }
+        }
+        assert!(queued.len() < 16, "the accept queue does not fill");
+    }
+    (socket, queued, addr)
+}
+
+/// A worker whose peer's data address does not answer gives up connecting after its connect
+/// timeout (the deployment fails and the job is restarted) instead of hanging in the connect
+/// for the minutes the operating system would wait.
+#[test]
+fn a_connect_to_an_unanswering_peer_times_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (_listener, _queued, nowhere) = unanswering_address();
+    let mut cluster = Cluster::start_with(
+        &tmp.path().join("ck"),
+        0,
+        &["--heartbeat-timeout", "1s"],
+        deadline,
+    );
+    let mut cmd = cluster.worker(1);
+    cmd.args(["--data-advertise", &nowhere.to_string()]);
+    let mut first = Watched::spawn(&mut cmd);
+    first.wait_for_line_containing("registered with the coordinator", deadline);
+    let mut second = Watched::spawn(&mut cluster.worker(1));
+    second.wait_for_line_containing("registered with the coordinator", deadline);
+    let out = tmp.path().join("out").display().to_string();
+    let job = [
+        "wordcount",
+        "-p",
+        "2",
+        "--generate",
+        "1000",
+        "--output",
+        &out,
+    ];
+    let started = Instant::now();
+    submit(cluster.rest, None, &job);
+    // The connect timeout is 5 s; the operating system's own, some two minutes.
+    let line = second.wait_for_line_containing(
+        &format!("at {nowhere}: connection timed out"),
+        started + Duration::from_secs(30),
+    );
+    assert!(line.contains("cannot connect to worker"), "{line}");
+    cluster.workers = vec![first, second];
+    cluster.assert_running();
+}
