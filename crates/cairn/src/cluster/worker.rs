@@ -1588,6 +1588,24 @@ mod tests {
     }
 
     #[test]
+    fn reconnect_pauses_double_up_to_their_cap() {
+        let ms = |d: Duration| d.as_millis();
+        let mut backoff = Backoff::new();
+        let pauses: Vec<u128> = (0..6)
+            .map(|_| ms(backoff.pause(RECONNECT_PAUSE_MAX)))
+            .collect();
+        assert_eq!(pauses, [200, 400, 800, 1600, 2000, 2000]);
+        let mut backoff = Backoff::new();
+        let pauses: Vec<u128> = (0..9)
+            .map(|_| ms(backoff.pause(WRONG_PEER_PAUSE_MAX)))
+            .collect();
+        assert_eq!(
+            pauses,
+            [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000]
+        );
+    }
+
+    #[test]
     fn a_credit_for_a_channel_this_worker_does_not_send_to_closes_its_connection() {
         let peer = TcpListener::bind("127.0.0.1:0").unwrap();
         let (attempts, _, _) = attempt(&peer.local_addr().unwrap().to_string());
