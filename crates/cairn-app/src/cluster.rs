@@ -63,6 +63,10 @@ pub struct WorkerArgs {
     /// Address to listen on for data from other workers: HOST:PORT, or PORT on 127.0.0.1.
     #[arg(long, default_value = "127.0.0.1:0")]
     data_bind: String,
+    /// The address other workers dial for this worker's data, if not the bound one (a proxy,
+    /// a NAT, another interface).
+    #[arg(long, value_name = "HOST:PORT")]
+    data_advertise: Option<String>,
     /// Time between heartbeats.
     #[arg(long, default_value = "500ms")]
     heartbeat_interval: String,
@@ -265,6 +269,7 @@ pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
         slots: args.slots,
         secret: args.secret,
         data_bind: host_port(&args.data_bind),
+        data_advertise: args.data_advertise,
         factory: Arc::new(jobs),
         heartbeat_interval,
     })

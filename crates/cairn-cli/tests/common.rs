@@ -325,6 +325,11 @@ impl Watched {
         (path, stderr)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The stderr lines read so far (without waiting for more).
     pub fn stderr_so_far(&mut self) -> String {
         while let Ok(line) = self.lines.try_recv() {
@@ -583,4 +588,204 @@ pub fn unique_topic(what: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("{what}-{}-{nanos}", std::process::id())
+}
+
+/// What a [`Proxy`] does to the bytes of its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Forwards every byte at once.
+    Pass,
+    /// Forwards nothing and keeps every connection open: the peers see a silent link.
+    Stall,
+    /// Forwards `chunk` bytes at a time, `delay` apart (a slow link).
+    Slow { chunk: usize, delay: Duration },
+}
+
+/// Byte counts of a [`Proxy`], to check that a fault landed.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    /// Connections accepted.
+    pub connections: std::sync::atomic::AtomicU64,
+    /// Bytes forwarded (both directions).
+    pub forwarded: std::sync::atomic::AtomicU64,
+    /// Bytes read while the proxy stalled (held back until it passes again).
+    pub held: std::sync::atomic::AtomicU64,
+    /// Bytes forwarded while the link was slow.
+    pub slowed: std::sync::atomic::AtomicU64,
+    /// Connections closed by [`Proxy::reset`].
+    pub reset: std::sync::atomic::AtomicU64,
+}
+
+struct ProxyShared {
+    /// Where connections go; until it is set they are closed.
+    target: std::sync::Mutex<Option<String>>,
+    fault: std::sync::Mutex<Fault>,
+    changed: std::sync::Condvar,
+    /// Both sockets of every connection, to reset them.
+    open: std::sync::Mutex<Vec<(std::net::TcpStream, std::net::TcpStream)>>,
+    stats: ProxyStats,
+}
+
+/// A TCP proxy on 127.0.0.1 between cluster processes, whose faults the test switches: every
+/// accepted connection is forwarded to `target` in both directions by two threads.
+pub struct Proxy {
+    addr: SocketAddr,
+    shared: std::sync::Arc<ProxyShared>,
+}
+
+impl Proxy {
+    /// Listens on a port the system picks and forwards to `target` (host:port).
+    pub fn start(target: &str) -> Proxy {
+        let proxy = Proxy::unaimed();
+        proxy.aim(target);
+        proxy
+    }
+
+    /// Listens on a port the system picks; connections are closed until [`Proxy::aim`].
+    pub fn unaimed() -> Proxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("proxy binds");
+        let addr = listener.local_addr().expect("proxy address");
+        let shared = std::sync::Arc::new(ProxyShared {
+            target: std::sync::Mutex::new(None),
+            fault: std::sync::Mutex::new(Fault::Pass),
+            changed: std::sync::Condvar::new(),
+            open: std::sync::Mutex::new(Vec::new()),
+            stats: ProxyStats::default(),
+        });
+        let accepting = shared.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                accepting.connect(client);
+            }
+        });
+        Proxy { addr, shared }
+    }
+
+    /// Forwards new connections to `target` (host:port).
+    pub fn aim(&self, target: &str) {
+        *self.shared.target.lock().unwrap() = Some(target.to_string());
+    }
+
+    /// The address to dial instead of the target.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn set(&self, fault: Fault) {
+        *self.shared.fault.lock().unwrap() = fault;
+        self.shared.changed.notify_all();
+    }
+
+    pub fn stats(&self) -> &ProxyStats {
+        &self.shared.stats
+    }
+
+    /// Resets every open connection (SO_LINGER 0: both peers get a RST); new ones pass.
+    pub fn reset(&self) {
+        let open = std::mem::take(&mut *self.shared.open.lock().unwrap());
+        for (a, b) in open {
+            for s in [a, b] {
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            self.shared
+                .stats
+                .reset
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl ProxyShared {
+    fn connect(self: &std::sync::Arc<Self>, client: std::net::TcpStream) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stats.connections.fetch_add(1, Relaxed);
+        let target = self.target.lock().unwrap().clone();
+        let Some(Ok(server)) = target.map(std::net::TcpStream::connect) else {
+            return;
+        };
+        let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+            return;
+        };
+        if let (Ok(c3), Ok(s3)) = (client.try_clone(), server.try_clone()) {
+            self.open.lock().unwrap().push((c3, s3));
+        }
+        for (from, to) in [(client, s2), (server, c2)] {
+            let shared = self.clone();
+            std::thread::spawn(move || shared.pump(from, to));
+        }
+    }
+
+    /// Forwards `from` to `to` as the fault says, until either side closes.
+    fn pump(&self, mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            // Stalled: the bytes read are held (and nothing more is read) until it passes.
+            let mut fault = self.fault.lock().unwrap();
+            if *fault == Fault::Stall {
+                self.stats.held.fetch_add(n as u64, Relaxed);
+                while *fault == Fault::Stall {
+                    fault = self.changed.wait(fault).unwrap();
+                }
+            }
+            let fault = *fault;
+            let sent = match fault {
+                Fault::Slow { chunk, delay } => buf[..n].chunks(chunk.max(1)).all(|c| {
+                    // The delay is the fault itself (a slow link), not a wait for a condition.
+                    std::thread::sleep(delay);
+                    self.stats.slowed.fetch_add(c.len() as u64, Relaxed);
+                    to.write_all(c).is_ok()
+                }),
+                _ => to.write_all(&buf[..n]).is_ok(),
+            };
+            if !sent {
+                break;
+            }
+            self.stats.forwarded.fetch_add(n as u64, Relaxed);
+        }
+        let _ = to.shutdown(std::net::Shutdown::Write);
+        let _ = from.shutdown(std::net::Shutdown::Read);
+    }
+}
+
+/// Threads and open file descriptors of process `pid` (Linux: /proc/PID/task and /proc/PID/fd).
+pub fn threads_and_fds(pid: u32) -> (usize, usize) {
+    let count = |dir: &str| {
+        std::fs::read_dir(format!("/proc/{pid}/{dir}"))
+            .map(|d| d.count())
+            .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/{dir}: {e}"))
+    };
+    (count("task"), count("fd"))
+}
+
+/// The state of job `jid` as the REST API at `rest` says, None if it does not answer.
+pub fn rest_job_state(rest: SocketAddr, jid: &str) -> Option<String> {
+    let url = format!("http://{rest}/jobs/{jid}");
+    let body = ureq::get(&url)
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["state"].as_str().map(str::to_string)
+}
+
+/// The restarts of job `jid` as the REST API at `rest` says.
+pub fn rest_job_restarts(rest: SocketAddr, jid: &str) -> Option<u64> {
+    let url = format!("http://{rest}/jobs/{jid}");
+    let body = ureq::get(&url)
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["restarts"].as_u64()
 }

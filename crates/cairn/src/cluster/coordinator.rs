@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,9 @@ struct WorkerHandle {
     slots: u32,
     data_addr: String,
     writer: Writer,
+    /// The connection again, to close it without the writer's lock (which a write to a
+    /// stalled worker may hold until its timeout).
+    socket: TcpStream,
     last_heartbeat: Mutex<Instant>,
 }
 
@@ -99,11 +102,26 @@ pub struct Coordinator {
     inner: Arc<Inner>,
 }
 
+/// Writes one message to a worker; false if the connection is over. A failed write closes
+/// it: a frame written in part leaves the stream unreadable, and a write that timed out means
+/// the worker takes no bytes.
 fn send<T: serde::Serialize>(w: &Writer, msg: &T) -> bool {
-    match w.lock() {
-        Ok(mut s) => write_frame(&mut *s, msg).is_ok(),
-        Err(_) => false,
+    let Ok(mut s) = w.lock() else {
+        return false;
+    };
+    match write_frame(&mut *s, msg) {
+        Ok(()) => true,
+        Err(_) => {
+            let _ = s.shutdown(Shutdown::Both);
+            false
+        }
     }
+}
+
+/// How often the coordinator heartbeats to each worker: several times within the heartbeat
+/// timeout, after which a worker that heard nothing gives the coordinator up.
+fn heartbeat_interval(timeout: Duration) -> Duration {
+    (timeout / 4).max(Duration::from_millis(10))
 }
 
 impl Coordinator {
@@ -655,7 +673,9 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
         .unwrap_or_default();
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let Ok(mut reader) = stream.try_clone() else {
+    // A worker that takes no bytes for a heartbeat timeout is as dead as a silent one.
+    let _ = stream.set_write_timeout(Some(inner.opts.heartbeat_timeout));
+    let (Ok(mut reader), Ok(socket)) = (stream.try_clone(), stream.try_clone()) else {
         return;
     };
     let writer: Writer = Arc::new(Mutex::new(stream));
@@ -687,17 +707,35 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
             return;
         }
     };
+    // Silence is the monitor's to judge, by the heartbeats; the reader waits for what comes.
     let _ = reader.set_read_timeout(None);
     let id = inner.next_worker.fetch_add(1, Ordering::Relaxed);
-    if !send(&writer, &ToWorker::Registered { worker_id: id }) {
+    let registered = ToWorker::Registered {
+        worker_id: id,
+        heartbeat_timeout_ms: inner.opts.heartbeat_timeout.as_millis() as u64,
+    };
+    if !send(&writer, &registered) {
         return;
     }
     let handle = Arc::new(WorkerHandle {
         slots,
         data_addr,
         writer: writer.clone(),
+        socket,
         last_heartbeat: Mutex::new(Instant::now()),
     });
+    let connected = Arc::new(AtomicBool::new(true));
+    {
+        let (writer, connected) = (writer.clone(), connected.clone());
+        let interval = heartbeat_interval(inner.opts.heartbeat_timeout);
+        let _ = std::thread::Builder::new()
+            .name(format!("heartbeat-to-{id}"))
+            .spawn(move || {
+                while connected.load(Ordering::Acquire) && send(&writer, &ToWorker::Heartbeat) {
+                    std::thread::sleep(interval);
+                }
+            });
+    }
     if let Ok(mut w) = inner.workers.lock() {
         w.insert(id, handle.clone());
         inner.workers_changed.notify_all();
@@ -738,15 +776,29 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
             Err(e) => break e.to_string(),
         }
     };
-    if let Ok(mut w) = inner.workers.lock() {
-        w.remove(&id);
+    connected.store(false, Ordering::Release);
+    // The monitor may have declared it dead already (and closed the connection, which ended
+    // the loop); then it reported.
+    if declare_dead(&inner, id, &reason) {
+        warn!("worker {id} ({peer}) is gone: {reason}");
+    }
+    let _ = handle.socket.shutdown(Shutdown::Both);
+}
+
+/// Removes worker `id` if it is still live, closes its connection (without its writer's
+/// lock) and fails over the jobs it ran. Only the first caller does; false if it was gone.
+fn declare_dead(inner: &Inner, id: u32, reason: &str) -> bool {
+    let handle = inner.workers.lock().ok().and_then(|mut w| {
+        let handle = w.remove(&id);
         inner.workers_changed.notify_all();
-    }
-    if let Ok(s) = writer.lock() {
-        let _ = s.shutdown(Shutdown::Both);
-    }
-    warn!("worker {id} ({peer}) is gone: {reason}");
-    notify_jobs_of_lost_worker(&inner, id, &reason);
+        handle
+    });
+    let Some(handle) = handle else {
+        return false;
+    };
+    let _ = handle.socket.shutdown(Shutdown::Both);
+    notify_jobs_of_lost_worker(inner, id, reason);
+    true
 }
 
 fn route_event(inner: &Inner, job_id: &str, event: WireEvent) {
@@ -781,25 +833,26 @@ fn route_event(inner: &Inner, job_id: &str, event: WireEvent) {
     let _ = events.send(e);
 }
 
+/// Declares dead every worker silent for longer than the heartbeat timeout — also one whose
+/// connection stays open without a byte on it, which the operating system would not notice.
 fn monitor(inner: Arc<Inner>) {
     loop {
         std::thread::sleep(Duration::from_millis(100));
         let Ok(workers) = inner.workers.lock() else {
             return;
         };
-        for (id, w) in workers.iter() {
-            let silent = w
-                .last_heartbeat
-                .lock()
-                .map(|t| t.elapsed())
-                .unwrap_or_default();
-            if silent > inner.opts.heartbeat_timeout {
-                warn!("worker {id} missed its heartbeats for {silent:?}; declaring it dead");
-                // Closing the connection makes its reader thread clean up and notify the jobs.
-                if let Ok(s) = w.writer.lock() {
-                    let _ = s.shutdown(Shutdown::Both);
-                }
-            }
+        let silent: Vec<(u32, Duration)> = workers
+            .iter()
+            .filter_map(|(id, w)| {
+                let silent = w.last_heartbeat.lock().map(|t| t.elapsed()).ok()?;
+                (silent > inner.opts.heartbeat_timeout).then_some((*id, silent))
+            })
+            .collect();
+        // The jobs are told without the workers' lock (the jobs' lock comes first elsewhere).
+        drop(workers);
+        for (id, silent) in silent {
+            warn!("worker {id} missed its heartbeats for {silent:?}; declaring it dead");
+            declare_dead(&inner, id, &format!("no heartbeat for {silent:?}"));
         }
     }
 }

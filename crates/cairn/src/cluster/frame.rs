@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Version of the wire protocol.
-pub const PROTOCOL_VERSION: u8 = 10;
+pub const PROTOCOL_VERSION: u8 = 11;
 /// Largest frame accepted (payload plus version byte).
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 /// The first read of a frame's body asks for at most this much; later reads double it.
@@ -43,6 +43,25 @@ pub enum FrameError {
     /// The payload does not decode.
     #[error("malformed frame: {0}")]
     Malformed(String),
+}
+
+/// How requests and responses of HTTP/1 begin: read as a frame's length prefix, these bytes
+/// mean the peer speaks HTTP (someone dialled a REST port) rather than cairn's protocol.
+const HTTP_STARTS: [&[u8; 4]; 9] = [
+    b"HTTP", b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN",
+];
+
+impl FrameError {
+    /// Whether the peer answered in HTTP: the length prefix of the frame was the beginning of
+    /// an HTTP/1 request or response.
+    pub fn speaks_http(&self) -> bool {
+        match self {
+            FrameError::TooLarge { len } => {
+                u32::try_from(*len).is_ok_and(|len| HTTP_STARTS.contains(&&len.to_le_bytes()))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Writes one frame (one `write_all` of the whole frame).
@@ -153,6 +172,23 @@ mod tests {
             read_frame::<_, u8>(&mut &truncated[..], &mut buf),
             Err(FrameError::Truncated { len: 10 })
         ));
+    }
+
+    #[test]
+    fn http_is_recognised_by_its_first_bytes() {
+        let mut buf = Vec::new();
+        for text in [
+            &b"HTTP/1.1 400 Bad Request\r\n"[..],
+            b"GET / HTTP/1.1\r\n",
+            b"POST /jobs HTTP/1.1\r\n",
+        ] {
+            let e = read_frame::<_, u8>(&mut &text[..], &mut buf).unwrap_err();
+            assert!(e.speaks_http(), "{text:?}: {e}");
+        }
+        for junk in [&b"hello world"[..], &[0xff; 8], b"HTTX"] {
+            let e = read_frame::<_, u8>(&mut &junk[..], &mut buf).unwrap_err();
+            assert!(!e.speaks_http(), "{junk:?}: {e}");
+        }
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! subtasks of different workers carry serialized batches over one TCP connection per worker
 //! pair, with the same credits as local channels (returned over the connection), so
 //! backpressure crosses the network. Control mail and task events travel on each worker's
-//! control connection. Heartbeats (and a closed connection) detect dead workers.
+//! control connection. Heartbeats, both ways, detect a dead or stalled worker and a vanished
+//! coordinator; every cluster socket has a write timeout and every connect a connect timeout.
 //!
 //! Checkpoint and output directories must be shared by all processes (one machine, or a
 //! shared filesystem).

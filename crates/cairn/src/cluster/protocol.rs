@@ -191,6 +191,11 @@ pub enum ToWorker {
     Registered {
         /// The worker's id.
         worker_id: u32,
+        /// The coordinator's heartbeat timeout: it declares a worker silent for this long dead,
+        /// and the worker, in turn, a coordinator it hears nothing from for this long gone (the
+        /// coordinator heartbeats several times within it). Also the write timeout of the
+        /// worker's cluster sockets.
+        heartbeat_timeout_ms: u64,
     },
     /// Registration refused.
     Rejected {
@@ -220,6 +225,8 @@ pub enum ToWorker {
         /// Attempt.
         attempt: u32,
     },
+    /// The coordinator is still alive.
+    Heartbeat,
 }
 
 /// Worker ↔ worker, on a data connection.

@@ -1,15 +1,23 @@
 //! The worker process: registers with the coordinator, heartbeats, runs the subtasks deployed
 //! onto its slots, and exchanges channel data with other workers.
+//!
+//! One control thread reads the coordinator's messages and never blocks on the network or on
+//! a deployment: each deployment runs on a thread of its own (control mail for its subtasks
+//! waits, in order, until they run), and a cancellation too. Every cluster socket has a write
+//! timeout, and every connect a connect timeout; the coordinator heartbeats to the worker as
+//! the worker to the coordinator, so either notices the other's silence. An attempt's
+//! subtasks, its data connections and their threads are released when its last local subtask
+//! ends (the job finished or failed here) or when it is cancelled.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::frame::{read_frame, write_frame, FrameError};
 use super::protocol::{
@@ -19,7 +27,7 @@ use super::JobFactory;
 use crate::checkpoint::{load_checkpoint, load_dir};
 use crate::error::TaskError;
 use crate::runtime::channel::{
-    ChannelSender, Credit, CreditReturn, DataFrame, Element, Mail, RemoteChannel,
+    ChannelSender, ControlMail, Credit, CreditReturn, DataFrame, Element, Mail, RemoteChannel,
 };
 use crate::runtime::inject::FailureInjector;
 use crate::runtime::job::{deploy, plan, DataLinks, DeployRequest, Deployment, Placement};
@@ -38,6 +46,9 @@ pub struct WorkerOptions {
     pub secret: String,
     /// Address to listen on for data connections (port 0: any).
     pub data_bind: String,
+    /// The address other workers dial for this worker's data port, if not the bound one
+    /// (a proxy, a NAT, another interface).
+    pub data_advertise: Option<String>,
     /// Builds jobs by name.
     pub factory: Arc<dyn JobFactory>,
     /// Time between heartbeats.
@@ -46,16 +57,89 @@ pub struct WorkerOptions {
 
 /// How often a worker reports its subtasks' metrics to the coordinator.
 const METRICS_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a connect to the coordinator or to a peer worker may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long registration, or a data connection's greeting, may take: before registration the
+/// coordinator's heartbeat timeout is not known.
+const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first pause before reconnecting to the coordinator; it doubles on every failure.
+const RECONNECT_PAUSE_MIN: Duration = Duration::from_millis(200);
+/// The longest pause between attempts to reach an unreachable coordinator.
+const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(2);
+/// The longest pause when the address answers in another protocol (a misconfiguration that
+/// only a person fixes).
+const WRONG_PEER_PAUSE_MAX: Duration = Duration::from_secs(30);
+/// How long a cancellation waits for a deployment in progress to finish starting.
+const DEPLOYING_WAIT: Duration = Duration::from_secs(60);
 
 type Writer = Arc<Mutex<TcpStream>>;
 
 /// A local subtask's mailbox and priority mailbox.
 type Inbox = (Sender<Mail>, Sender<Mail>);
 
+/// Writes one message; false if the connection is over. A failed write closes the connection:
+/// a frame written in part leaves the stream unreadable, and a write that timed out means the
+/// peer takes no bytes.
 fn send<T: serde::Serialize>(w: &Writer, msg: &T) -> bool {
-    match w.lock() {
-        Ok(mut s) => write_frame(&mut *s, msg).is_ok(),
-        Err(_) => false,
+    let Ok(mut s) = w.lock() else {
+        return false;
+    };
+    match write_frame(&mut *s, msg) {
+        Ok(()) => true,
+        Err(_) => {
+            let _ = s.shutdown(Shutdown::Both);
+            false
+        }
+    }
+}
+
+/// Connects to `addr` (any of its addresses) within [`CONNECT_TIMEOUT`].
+fn connect(addr: &str) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::new(ErrorKind::NotFound, "no address")))
+}
+
+/// Where an attempt is on this worker.
+enum Phase {
+    /// Its deployment thread builds it; control mail for its subtasks waits here, in order.
+    Deploying(Vec<(usize, ControlMail)>),
+    /// Its subtasks run; data connections may route to them.
+    Running,
+    /// Cancelled, failed to deploy or released: nothing is delivered to it any more.
+    Ended,
+}
+
+/// The reader threads of an attempt's data connections that are still running.
+#[derive(Default)]
+struct Readers {
+    count: Mutex<usize>,
+    changed: Condvar,
+}
+
+/// Counts one reader thread while it lives.
+struct ReaderGuard(Arc<Readers>);
+
+impl ReaderGuard {
+    fn new(readers: &Arc<Readers>) -> Self {
+        if let Ok(mut n) = readers.count.lock() {
+            *n += 1;
+        }
+        ReaderGuard(readers.clone())
+    }
+}
+
+impl Drop for ReaderGuard {
+    fn drop(&mut self) {
+        if let Ok(mut n) = self.0.count.lock() {
+            *n -= 1;
+            self.0.changed.notify_all();
+        }
     }
 }
 
@@ -64,6 +148,9 @@ struct AttemptRuntime {
     spec: DeploySpec,
     worker_id: u32,
     secret: String,
+    /// Write timeout of its data connections; also how long a release waits for peers to close
+    /// them.
+    io_timeout: Duration,
     receivers: Mutex<HashMap<usize, Inbox>>,
     /// `(task, channel)` of every input channel of a local task fed from another worker: the
     /// only addresses a data frame from the network may name.
@@ -71,12 +158,60 @@ struct AttemptRuntime {
     out_credits: Mutex<HashMap<(usize, usize), Arc<Credit>>>,
     return_paths: Mutex<HashMap<(usize, usize), Writer>>,
     peers: Mutex<HashMap<u32, Writer>>,
+    /// Every data connection of the attempt, to close them when it ends.
     sockets: Mutex<Vec<TcpStream>>,
+    readers: Arc<Readers>,
     deployment: Mutex<Option<Deployment>>,
-    cancelled: AtomicBool,
+    phase: Mutex<Phase>,
+    phase_changed: Condvar,
+    /// Set once it is cancelled or released: broken connections are expected from then on.
+    ended: AtomicBool,
 }
 
 impl AttemptRuntime {
+    fn new(spec: DeploySpec, worker_id: u32, secret: String, io_timeout: Duration) -> Self {
+        AttemptRuntime {
+            spec,
+            worker_id,
+            secret,
+            io_timeout,
+            receivers: Mutex::new(HashMap::new()),
+            remote_inputs: Mutex::new(HashSet::new()),
+            out_credits: Mutex::new(HashMap::new()),
+            return_paths: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+            sockets: Mutex::new(Vec::new()),
+            readers: Arc::default(),
+            deployment: Mutex::new(None),
+            phase: Mutex::new(Phase::Deploying(Vec::new())),
+            phase_changed: Condvar::new(),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    fn key(&self) -> (String, u32) {
+        (self.spec.job_id.clone(), self.spec.attempt)
+    }
+
+    /// Keeps a data connection to close when the attempt ends; closes it at once (false) if
+    /// the attempt already ended.
+    fn track(&self, socket: &TcpStream) -> bool {
+        let Ok(mut sockets) = self.sockets.lock() else {
+            return false;
+        };
+        if self.ended.load(Ordering::Acquire) {
+            let _ = socket.shutdown(Shutdown::Both);
+            return false;
+        }
+        match socket.try_clone() {
+            Ok(s) => {
+                sockets.push(s);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     fn peer(self: &Arc<Self>, worker: u32) -> Result<Writer, TaskError> {
         let mut peers = self.peers.lock().map_err(|_| TaskError::Cancelled)?;
         if let Some(w) = peers.get(&worker) {
@@ -89,13 +224,17 @@ impl AttemptRuntime {
             .find(|(id, _)| *id == worker)
             .map(|(_, a)| a.clone())
             .ok_or_else(|| TaskError::msg(format!("no address for worker {worker}")))?;
-        let stream = TcpStream::connect(&addr).map_err(|e| {
+        let stream = connect(&addr).map_err(|e| {
             TaskError::msg(format!("cannot connect to worker {worker} at {addr}: {e}"))
         })?;
         let _ = stream.set_nodelay(true);
-        let mut reader = stream
+        let _ = stream.set_write_timeout(Some(self.io_timeout));
+        let reader = stream
             .try_clone()
             .map_err(|e| TaskError::msg(format!("data connection to {addr}: {e}")))?;
+        if !self.track(&stream) {
+            return Err(TaskError::Cancelled);
+        }
         let writer: Writer = Arc::new(Mutex::new(stream));
         let hello = DataMsg::Hello {
             secret: self.secret.clone(),
@@ -107,54 +246,36 @@ impl AttemptRuntime {
                 "cannot greet worker {worker} at {addr}"
             )));
         }
-        if let Ok(s) = reader.try_clone() {
-            if let Ok(mut socks) = self.sockets.lock() {
-                socks.push(s);
-            }
-        }
         // Credits come back on the same connection.
         let me = Arc::downgrade(self);
+        let guard = ReaderGuard::new(&self.readers);
         std::thread::Builder::new()
             .name(format!("credits-from-{worker}"))
             .spawn(move || {
-                let mut buf = Vec::new();
-                loop {
-                    let msg = read_frame::<_, DataMsg>(&mut reader, &mut buf);
-                    let Some(rt) = me.upgrade() else { return };
-                    let (task, channel) = match msg {
-                        Ok(DataMsg::Credit { task, channel }) => (task, channel),
-                        Ok(other) => {
-                            warn!("data connection to worker {worker} ({addr}) closed: expected a credit, got {other:?}");
-                            return;
-                        }
-                        Err(FrameError::Closed) => return,
-                        Err(e) => {
-                            if !rt.cancelled.load(Ordering::Acquire) {
-                                warn!("data connection to worker {worker} ({addr}) closed: {e}");
-                            }
-                            return;
-                        }
-                    };
-                    let credit = rt
-                        .out_credits
-                        .lock()
-                        .ok()
-                        .and_then(|m| m.get(&(task as usize, channel as usize)).cloned());
-                    match credit {
-                        Some(c) => c.release(),
-                        None => {
-                            warn!("data connection to worker {worker} ({addr}) closed: credit for task {task} channel {channel}, which this worker does not send to");
-                            if let Ok(s) = reader.try_clone() {
-                                let _ = s.shutdown(Shutdown::Both);
-                            }
-                            return;
-                        }
-                    }
-                }
+                let _guard = guard;
+                read_credits(reader, worker, &addr, &me);
             })
             .map_err(|e| TaskError::msg(format!("cannot start a thread: {e}")))?;
         peers.insert(worker, writer.clone());
         Ok(writer)
+    }
+
+    /// A data connection to `worker` broke while the attempt runs: its senders stop waiting
+    /// for credits that will not come (the subtasks fail, and the attempt is restarted).
+    fn lost_peer(&self, worker: u32) {
+        let credits: Vec<Arc<Credit>> = self
+            .out_credits
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|((task, _), _)| self.spec.assignment.get(*task) == Some(&worker))
+                    .map(|(_, c)| c.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for c in credits {
+            c.close();
+        }
     }
 
     /// Delivers a frame from the network to input channel `channel` of local task `task`.
@@ -218,17 +339,199 @@ impl AttemptRuntime {
         ok.map_err(|_| RouteError::Stopped)
     }
 
+    /// Control mail for local task `task`: delivered if the attempt runs, kept (in order) while
+    /// it deploys, dropped once it ended.
+    fn mail(&self, task: usize, mail: ControlMail) {
+        let Ok(mut phase) = self.phase.lock() else {
+            return;
+        };
+        match &mut *phase {
+            Phase::Deploying(waiting) => waiting.push((task, mail)),
+            Phase::Running => self.deliver(task, mail),
+            Phase::Ended => {}
+        }
+    }
+
+    fn deliver(&self, task: usize, mail: ControlMail) {
+        let mailbox = self
+            .receivers
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&task).map(|(m, _)| m.clone()));
+        if let Some(m) = mailbox {
+            let _ = m.send(mail.into_mail());
+        }
+    }
+
+    /// The deployment started: its subtasks get the mail that waited, and data connections may
+    /// route to them. Gives the deployment back if the attempt ended meanwhile.
+    fn started(&self, deployment: Deployment) -> Result<(), Deployment> {
+        let Ok(mut phase) = self.phase.lock() else {
+            return Err(deployment);
+        };
+        let Phase::Deploying(waiting) = std::mem::replace(&mut *phase, Phase::Running) else {
+            *phase = Phase::Ended;
+            return Err(deployment);
+        };
+        if let Ok(mut d) = self.deployment.lock() {
+            *d = Some(deployment);
+        }
+        for (task, mail) in waiting {
+            self.deliver(task, mail);
+        }
+        self.phase_changed.notify_all();
+        Ok(())
+    }
+
+    /// Its deployment failed: nothing will start, and nobody is to wait for it.
+    fn abandon(&self) {
+        self.ended.store(true, Ordering::Release);
+        if let Ok(mut phase) = self.phase.lock() {
+            *phase = Phase::Ended;
+            self.phase_changed.notify_all();
+        }
+    }
+
+    /// Marks the attempt ended, once a deployment in progress finished starting (or
+    /// [`DEPLOYING_WAIT`] passed); returns the deployment to stop or join.
+    fn end(&self) -> Option<Deployment> {
+        self.ended.store(true, Ordering::Release);
+        if let Ok(phase) = self.phase.lock() {
+            let deadline = Instant::now() + DEPLOYING_WAIT;
+            let mut phase = wait_while_deploying(&self.phase_changed, phase, deadline);
+            *phase = Phase::Ended;
+            self.phase_changed.notify_all();
+        }
+        self.deployment.lock().ok().and_then(|mut d| d.take())
+    }
+
+    /// Stops every subtask. The data connections are closed first: a subtask blocked writing
+    /// to one must not keep the cancellation waiting.
     fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Release);
-        let deployment = self.deployment.lock().ok().and_then(|mut d| d.take());
-        if let Some(d) = deployment {
+        self.ended.store(true, Ordering::Release);
+        self.close_sockets(Shutdown::Both);
+        if let Some(d) = self.end() {
             d.cancel();
         }
-        if let Ok(socks) = self.sockets.lock() {
-            for s in socks.iter() {
-                let _ = s.shutdown(Shutdown::Both);
+        self.forget_connections();
+    }
+
+    /// Releases an attempt whose local subtasks all ended: their threads are joined, its data
+    /// connections closed — this side's writing half at once (whatever was written still
+    /// arrives), the rest when the peers closed theirs or after the I/O timeout.
+    fn release(&self) {
+        if let Some(d) = self.end() {
+            d.join();
+        }
+        self.close_sockets(Shutdown::Write);
+        let deadline = Instant::now() + self.io_timeout;
+        if let Ok(mut n) = self.readers.count.lock() {
+            while *n > 0 {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                n = match self.readers.changed.wait_timeout(n, deadline - now) {
+                    Ok((n, _)) => n,
+                    Err(_) => break,
+                };
             }
         }
+        self.close_sockets(Shutdown::Both);
+        self.forget_connections();
+    }
+
+    fn close_sockets(&self, how: Shutdown) {
+        if let Ok(sockets) = self.sockets.lock() {
+            for s in sockets.iter() {
+                let _ = s.shutdown(how);
+            }
+        }
+    }
+
+    /// Drops this attempt's handles on its connections and mailboxes, so that nothing of them
+    /// outlives it.
+    fn forget_connections(&self) {
+        if let Ok(mut s) = self.sockets.lock() {
+            s.clear();
+        }
+        if let Ok(mut p) = self.peers.lock() {
+            p.clear();
+        }
+        if let Ok(mut p) = self.return_paths.lock() {
+            p.clear();
+        }
+        if let Ok(mut r) = self.receivers.lock() {
+            r.clear();
+        }
+        if let Ok(mut c) = self.out_credits.lock() {
+            c.clear();
+        }
+    }
+}
+
+fn wait_while_deploying<'a>(
+    changed: &Condvar,
+    mut phase: MutexGuard<'a, Phase>,
+    deadline: Instant,
+) -> MutexGuard<'a, Phase> {
+    while matches!(*phase, Phase::Deploying(_)) {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        phase = match changed.wait_timeout(phase, deadline - now) {
+            Ok((p, _)) => p,
+            Err(e) => e.into_inner().0,
+        };
+    }
+    phase
+}
+
+/// The loop of the thread reading credits from peer `worker` on a connection this worker
+/// opened to send it data.
+fn read_credits(
+    mut reader: TcpStream,
+    worker: u32,
+    addr: &str,
+    rt: &std::sync::Weak<AttemptRuntime>,
+) {
+    let mut buf = Vec::new();
+    loop {
+        let msg = read_frame::<_, DataMsg>(&mut reader, &mut buf);
+        let Some(rt) = rt.upgrade() else { return };
+        let broken = match msg {
+            Ok(DataMsg::Credit { task, channel }) => {
+                let credit = rt
+                    .out_credits
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&(task as usize, channel as usize)).cloned());
+                match credit {
+                    Some(c) => {
+                        c.release();
+                        continue;
+                    }
+                    None => format!("credit for task {task} channel {channel}, which this worker does not send to"),
+                }
+            }
+            Ok(other) => format!("expected a credit, got {other:?}"),
+            // The peer closed the connection: its subtasks ended (and had every frame), or
+            // its attempt did. No credit comes any more.
+            Err(FrameError::Closed) => {
+                if !rt.ended.load(Ordering::Acquire) {
+                    rt.lost_peer(worker);
+                }
+                return;
+            }
+            Err(e) => e.to_string(),
+        };
+        if !rt.ended.load(Ordering::Acquire) {
+            warn!("data connection to worker {worker} ({addr}) closed: {broken}");
+            rt.lost_peer(worker);
+        }
+        let _ = reader.shutdown(Shutdown::Both);
+        return;
     }
 }
 
@@ -255,8 +558,11 @@ impl RemoteChannel for RemoteChan {
             frame,
         };
         let mut w = self.writer.lock().map_err(|_| TaskError::Cancelled)?;
-        write_frame(&mut *w, &msg)
-            .map_err(|e| TaskError::msg(format!("data connection failed: {e}")))
+        write_frame(&mut *w, &msg).map_err(|e| {
+            // A torn frame leaves the stream unreadable: the connection is over for everyone.
+            let _ = w.shutdown(Shutdown::Both);
+            TaskError::msg(format!("data connection failed: {e}"))
+        })
     }
 }
 
@@ -344,17 +650,54 @@ struct Attempts {
 }
 
 impl Attempts {
+    /// The attempt once its subtasks run here; None if it is not deployed here by `deadline`
+    /// or ended.
     fn wait_for(&self, job: &str, attempt: u32, deadline: Instant) -> Option<Arc<AttemptRuntime>> {
-        let mut map = self.map.lock().ok()?;
-        loop {
-            if let Some(rt) = map.get(&(job.to_string(), attempt)) {
-                return Some(rt.clone());
+        let rt = {
+            let mut map = self.map.lock().ok()?;
+            loop {
+                if let Some(rt) = map.get(&(job.to_string(), attempt)) {
+                    break rt.clone();
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return None;
+                }
+                map = self.changed.wait_timeout(map, deadline - now).ok()?.0;
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return None;
+        };
+        let phase = rt.phase.lock().ok()?;
+        let phase = wait_while_deploying(&rt.phase_changed, phase, deadline);
+        let running = matches!(*phase, Phase::Running);
+        drop(phase);
+        running.then_some(rt)
+    }
+
+    fn insert(&self, rt: Arc<AttemptRuntime>) {
+        if let Ok(mut map) = self.map.lock() {
+            map.insert(rt.key(), rt);
+            self.changed.notify_all();
+        }
+    }
+
+    /// Forgets attempt `rt` (not another one under its key).
+    fn remove(&self, rt: &Arc<AttemptRuntime>) {
+        if let Ok(mut map) = self.map.lock() {
+            if map.get(&rt.key()).is_some_and(|r| Arc::ptr_eq(r, rt)) {
+                map.remove(&rt.key());
             }
-            map = self.changed.wait_timeout(map, deadline - now).ok()?.0;
+        }
+    }
+
+    /// Cancels every attempt (the coordinator is gone: nothing can checkpoint or commit).
+    fn cancel_all(&self) {
+        let all: Vec<Arc<AttemptRuntime>> = self
+            .map
+            .lock()
+            .map(|mut m| m.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for rt in all {
+            rt.cancel();
         }
     }
 }
@@ -365,6 +708,8 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
         .map(|a| a.to_string())
         .unwrap_or_default();
     let _ = stream.set_nodelay(true);
+    // A connection that does not even greet must not hold this thread.
+    let _ = stream.set_read_timeout(Some(GREETING_TIMEOUT));
     let Ok(writer) = stream.try_clone() else {
         return;
     };
@@ -391,16 +736,18 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
         }
     };
     // The connecting worker may be a little ahead of our own deployment of the attempt.
-    let Some(rt) = attempts.wait_for(&job_id, attempt, Instant::now() + Duration::from_secs(10))
-    else {
+    let Some(rt) = attempts.wait_for(&job_id, attempt, Instant::now() + GREETING_TIMEOUT) else {
         warn!("data connection from {peer} closed: attempt {attempt} of job {job_id} is not deployed here");
         return;
     };
-    if let Ok(s) = reader.try_clone() {
-        if let Ok(mut socks) = rt.sockets.lock() {
-            socks.push(s);
-        }
+    // Data may pause for as long as the job has none; a stalled peer is noticed by the
+    // attempt's failover, which closes this connection.
+    let _ = reader.set_read_timeout(None);
+    let _ = reader.set_write_timeout(Some(rt.io_timeout));
+    if !rt.track(&reader) {
+        return;
     }
+    let _guard = ReaderGuard::new(&rt.readers);
     loop {
         match read_frame::<_, DataMsg>(&mut reader, &mut buf) {
             Ok(DataMsg::Frame {
@@ -414,7 +761,7 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
                     break;
                 }
                 Err(RouteError::Stopped) => {
-                    if !rt.cancelled.load(Ordering::Acquire) {
+                    if !rt.ended.load(Ordering::Acquire) {
                         warn!("data connection from {peer} closed: frame for task {task}, which is not running here");
                     }
                     break;
@@ -426,7 +773,7 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
             }
             Err(FrameError::Closed) => break,
             Err(e) => {
-                if !rt.cancelled.load(Ordering::Acquire) {
+                if !rt.ended.load(Ordering::Acquire) {
                     warn!("data connection from {peer} closed: {e}");
                     // A broken data connection fails the tasks it fed.
                     if let Ok(r) = rt.receivers.lock() {
@@ -495,15 +842,179 @@ fn build_checked(
     Ok((graph, config, plan))
 }
 
-fn deploy_attempt(
-    spec: DeploySpec,
+/// What the threads of a registered worker share: who it is, and where its control
+/// connection is.
+#[derive(Clone)]
+struct Session {
     worker_id: u32,
-    opts: &WorkerOptions,
-    attempts: &Arc<Attempts>,
-    control: &Writer,
-) -> Result<(), DeployError> {
+    opts: WorkerOptions,
+    attempts: Arc<Attempts>,
+    control: Writer,
+    /// The coordinator's heartbeat timeout: silence for this long means it is gone; also the
+    /// write timeout of every cluster socket.
+    io_timeout: Duration,
+}
+
+impl Session {
+    /// Starts deploying attempt `spec` on a thread of its own; the control thread goes on.
+    /// The attempt is known at once, so that control mail for it waits for its subtasks and a
+    /// cancellation stops it even while it deploys.
+    fn deploy(&self, spec: DeploySpec) {
+        let rt = Arc::new(AttemptRuntime::new(
+            spec,
+            self.worker_id,
+            self.opts.secret.clone(),
+            self.io_timeout,
+        ));
+        self.attempts.insert(rt.clone());
+        let session = self.clone();
+        let spawned = std::thread::Builder::new().name("deploy".into()).spawn({
+            let rt = rt.clone();
+            move || session.run_deployment(&rt)
+        });
+        if let Err(e) = spawned {
+            self.deployment_failed(
+                &rt,
+                DeployError::Failed(format!("cannot start a thread: {e}")),
+            );
+        }
+    }
+
+    fn run_deployment(&self, rt: &Arc<AttemptRuntime>) {
+        if let Err(e) = deploy_attempt(rt, self) {
+            self.deployment_failed(rt, e);
+        }
+    }
+
+    /// Reports every subtask the attempt was to run here as failed, and forgets the attempt.
+    fn deployment_failed(&self, rt: &Arc<AttemptRuntime>, e: DeployError) {
+        let spec = &rt.spec;
+        let error = match e {
+            DeployError::Refused(e) => WireTaskError::Unrecoverable(e),
+            DeployError::Failed(e) => {
+                WireTaskError::Failed(format!("worker {} cannot deploy: {e}", self.worker_id))
+            }
+        };
+        if !rt.ended.load(Ordering::Acquire) {
+            warn!(
+                "cannot deploy attempt {} of job {}: {error:?}",
+                spec.attempt, spec.job_id
+            );
+        }
+        rt.abandon();
+        rt.cancel();
+        self.attempts.remove(rt);
+        let assigned = spec
+            .assignment
+            .iter()
+            .enumerate()
+            .filter(|(t, &w)| w == self.worker_id && spec.deploy_mask.get(*t) == Some(&true));
+        for (task, _) in assigned {
+            let _ = send(
+                &self.control,
+                &ToCoordinator::Event {
+                    job_id: spec.job_id.clone(),
+                    event: WireEvent::Exited {
+                        attempt: spec.attempt,
+                        task,
+                        error: Some(error.clone()),
+                    },
+                },
+            );
+        }
+    }
+
+    /// Stops attempt `(job_id, attempt)` on a thread of its own and confirms it to the
+    /// coordinator once its subtasks stopped.
+    fn cancel(&self, job_id: String, attempt: u32) {
+        let rt = self
+            .attempts
+            .map
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(&(job_id.clone(), attempt)));
+        let control = self.control.clone();
+        let _ = std::thread::Builder::new()
+            .name("cancel".into())
+            .spawn(move || {
+                if let Some(rt) = rt {
+                    rt.cancel();
+                }
+                let _ = send(
+                    &control,
+                    &ToCoordinator::AttemptCancelled { job_id, attempt },
+                );
+            });
+    }
+
+    fn mail(&self, job_id: String, attempt: u32, task: usize, mail: ControlMail) {
+        let rt = self
+            .attempts
+            .map
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&(job_id, attempt)).cloned());
+        if let Some(rt) = rt {
+            rt.mail(task, mail);
+        }
+    }
+}
+
+/// Forwards the events of an attempt's local subtasks to the coordinator until every sender
+/// is gone — every local subtask and snapshot uploader ended — then releases the attempt.
+fn forward_events(
+    events: crossbeam_channel::Receiver<JobEvent>,
+    rt: &Arc<AttemptRuntime>,
+    session: &Session,
+) {
+    let mut connected = true;
+    for e in events {
+        let event = match e {
+            JobEvent::Ack(a) => WireEvent::Ack(a),
+            JobEvent::Decline {
+                checkpoint_id,
+                attempt,
+                cause,
+            } => WireEvent::Decline {
+                checkpoint_id,
+                attempt,
+                cause,
+            },
+            JobEvent::SourceExhausted { attempt, task } => {
+                WireEvent::SourceExhausted { attempt, task }
+            }
+            JobEvent::Exited {
+                attempt,
+                task,
+                result,
+            } => WireEvent::Exited {
+                attempt,
+                task,
+                error: result.err().as_ref().map(WireTaskError::from),
+            },
+            JobEvent::Lost { .. } => continue,
+        };
+        let event = ToCoordinator::Event {
+            job_id: rt.spec.job_id.clone(),
+            event,
+        };
+        // Without a coordinator the session ends and cancels the attempt; until then the
+        // events are drained, so that the end of the attempt is still seen here.
+        connected = connected && send(&session.control, &event);
+    }
+    rt.release();
+    session.attempts.remove(rt);
+    info!(
+        "worker {}: released attempt {} of job {}",
+        rt.worker_id, rt.spec.attempt, rt.spec.job_id
+    );
+}
+
+fn deploy_attempt(rt: &Arc<AttemptRuntime>, session: &Session) -> Result<(), DeployError> {
+    let spec = &rt.spec;
+    let worker_id = session.worker_id;
     let (graph, config, plan) =
-        build_checked(&spec, worker_id, opts).map_err(DeployError::Refused)?;
+        build_checked(spec, worker_id, &session.opts).map_err(DeployError::Refused)?;
     if plan.total_tasks() != spec.assignment.len() {
         return Err(DeployError::Refused(format!(
             "job '{}' plans {} subtasks here but the coordinator assigned {}; are all processes running the same binary?",
@@ -536,73 +1047,25 @@ fn deploy_attempt(
         }
         None => None,
     };
-    let rt = Arc::new(AttemptRuntime {
-        spec: spec.clone(),
-        worker_id,
-        secret: opts.secret.clone(),
-        receivers: Mutex::new(HashMap::new()),
-        remote_inputs: Mutex::new(HashSet::new()),
-        out_credits: Mutex::new(HashMap::new()),
-        return_paths: Mutex::new(HashMap::new()),
-        peers: Mutex::new(HashMap::new()),
-        sockets: Mutex::new(Vec::new()),
-        deployment: Mutex::new(None),
-        cancelled: AtomicBool::new(false),
-    });
     let hosted: Vec<bool> = spec
         .assignment
         .iter()
         .zip(&spec.deploy_mask)
-        .map(|(&w, &m)| m && w == rt.worker_id)
+        .map(|(&w, &m)| m && w == worker_id)
         .collect();
     // Events of local subtasks go to the coordinator.
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<JobEvent>();
-    let control2 = control.clone();
-    let job_id = spec.job_id.clone();
-    std::thread::Builder::new()
-        .name("events-forwarder".into())
-        .spawn(move || {
-            for e in events_rx {
-                let event = match e {
-                    JobEvent::Ack(a) => WireEvent::Ack(a),
-                    JobEvent::Decline {
-                        checkpoint_id,
-                        attempt,
-                        cause,
-                    } => WireEvent::Decline {
-                        checkpoint_id,
-                        attempt,
-                        cause,
-                    },
-                    JobEvent::SourceExhausted { attempt, task } => {
-                        WireEvent::SourceExhausted { attempt, task }
-                    }
-                    JobEvent::Exited {
-                        attempt,
-                        task,
-                        result,
-                    } => WireEvent::Exited {
-                        attempt,
-                        task,
-                        error: result.err().as_ref().map(WireTaskError::from),
-                    },
-                    JobEvent::Lost { .. } => continue,
-                };
-                if !send(
-                    &control2,
-                    &ToCoordinator::Event {
-                        job_id: job_id.clone(),
-                        event,
-                    },
-                ) {
-                    return;
-                }
-            }
-        })
-        .map_err(|e| e.to_string())?;
+    {
+        let (rt, session) = (rt.clone(), session.clone());
+        std::thread::Builder::new()
+            .name("events-forwarder".into())
+            .spawn(move || forward_events(events_rx, &rt, &session))
+            .map_err(|e| e.to_string())?;
+    }
     // Failure injection and progress live as long as the job on this worker, across attempts.
     let (injector, metrics) = {
-        let mut jobs = attempts
+        let mut jobs = session
+            .attempts
             .jobs
             .lock()
             .map_err(|_| "worker state poisoned".to_string())?;
@@ -647,13 +1110,11 @@ fn deploy_attempt(
         links: Some(Arc::new(Links(rt.clone()))),
     };
     let deployment = deploy(&req, &placement).map_err(|e| e.to_string())?;
-    if let Ok(mut d) = rt.deployment.lock() {
-        *d = Some(deployment);
-    }
     // Only now may data connections route frames here: every local receiver is registered.
-    if let Ok(mut map) = attempts.map.lock() {
-        map.insert((spec.job_id.clone(), spec.attempt), rt.clone());
-        attempts.changed.notify_all();
+    if let Err(late) = rt.started(deployment) {
+        // Cancelled while deploying, and the cancellation stopped waiting for it.
+        late.cancel();
+        return Ok(());
     }
     info!(
         "worker {worker_id}: running attempt {} of job {} ({} subtasks)",
@@ -668,6 +1129,22 @@ fn deploy_attempt(
     Ok(())
 }
 
+/// The pause before the next attempt to reach the coordinator: doubling from
+/// [`RECONNECT_PAUSE_MIN`] up to a cap.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff(RECONNECT_PAUSE_MIN)
+    }
+
+    fn pause(&mut self, cap: Duration) -> Duration {
+        let pause = self.0.min(cap);
+        self.0 = (self.0 * 2).min(cap);
+        pause
+    }
+}
+
 /// Runs a worker until the process is killed. Reconnects when the coordinator goes away.
 pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
     let listener = TcpListener::bind(&opts.data_bind).map_err(|e| {
@@ -676,10 +1153,17 @@ pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
             opts.data_bind
         )
     })?;
-    let data_addr = listener
+    let bound = listener
         .local_addr()
         .map_err(|e| e.to_string())?
         .to_string();
+    let data_addr = match &opts.data_advertise {
+        Some(addr) => {
+            info!("listening for data on {bound}, advertised to other workers as {addr}");
+            addr.clone()
+        }
+        None => bound,
+    };
     let attempts = Arc::new(Attempts::default());
     {
         let attempts = attempts.clone();
@@ -703,46 +1187,106 @@ pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
         .map_err(|e| format!("bad coordinator address '{}': {e}", opts.coordinator))?
         .next()
         .ok_or_else(|| format!("bad coordinator address '{}'", opts.coordinator))?;
-    let mut warned = false;
+    let mut backoff = Backoff::new();
+    // What went wrong last time, logged once until something else happens.
+    let mut last_problem: Option<String> = None;
     loop {
-        let stream = match TcpStream::connect_timeout(&coordinator_addr, Duration::from_secs(2)) {
-            Ok(s) => s,
-            Err(e) => {
-                if !warned {
-                    warn!(
-                        "cannot reach coordinator at {}: {e}; retrying",
-                        opts.coordinator
-                    );
-                    warned = true;
+        let (problem, cap) = match TcpStream::connect_timeout(&coordinator_addr, CONNECT_TIMEOUT)
+        {
+            Err(e) => (
+                format!(
+                    "cannot reach coordinator at {}: {e}; retrying",
+                    opts.coordinator
+                ),
+                RECONNECT_PAUSE_MAX,
+            ),
+            Ok(stream) => match session(stream, &opts, &data_addr, &attempts) {
+                SessionEnd::Rejected(reason) => {
+                    return Err(format!("the coordinator rejected this worker: {reason}"))
                 }
-                std::thread::sleep(Duration::from_millis(300));
-                continue;
-            }
+                SessionEnd::Lost(reason) => {
+                    warn!("lost the coordinator ({reason}); reconnecting");
+                    last_problem = None;
+                    backoff = Backoff::new();
+                    (String::new(), RECONNECT_PAUSE_MAX)
+                }
+                SessionEnd::Unregistered { http: true, .. } => (
+                    format!(
+                        "coordinator at {} answered in HTTP: is this the REST port? workers connect to the coordinator's --bind port; retrying",
+                        opts.coordinator
+                    ),
+                    WRONG_PEER_PAUSE_MAX,
+                ),
+                SessionEnd::Unregistered {
+                    reason,
+                    http: false,
+                } => (
+                    format!(
+                        "cannot register with the coordinator at {}: {reason}; retrying",
+                        opts.coordinator
+                    ),
+                    RECONNECT_PAUSE_MAX,
+                ),
+            },
         };
-        warned = false;
-        match session(stream, &opts, &data_addr, &attempts) {
-            Ok(()) => {}
-            Err(SessionEnd::Rejected(reason)) => {
-                return Err(format!("the coordinator rejected this worker: {reason}"))
+        if !problem.is_empty() && last_problem.as_ref() != Some(&problem) {
+            if cap == WRONG_PEER_PAUSE_MAX {
+                error!("{problem}");
+            } else {
+                warn!("{problem}");
             }
-            Err(SessionEnd::Lost(reason)) => warn!("lost the coordinator ({reason}); reconnecting"),
+            last_problem = Some(problem);
         }
         // Without a coordinator, running subtasks can neither checkpoint nor commit: stop them.
-        let all: Vec<Arc<AttemptRuntime>> = attempts
-            .map
-            .lock()
-            .map(|mut m| m.drain().map(|(_, v)| v).collect())
-            .unwrap_or_default();
-        for rt in all {
-            rt.cancel();
-        }
-        std::thread::sleep(Duration::from_millis(200));
+        attempts.cancel_all();
+        std::thread::sleep(backoff.pause(cap));
     }
 }
 
 enum SessionEnd {
+    /// The coordinator refused this worker.
     Rejected(String),
+    /// Registration did not happen; `http`: the address answered in HTTP.
+    Unregistered { reason: String, http: bool },
+    /// The registered session ended.
     Lost(String),
+}
+
+/// Registers with the coordinator on `stream`: returns the worker's id and the coordinator's
+/// heartbeat timeout.
+fn register(
+    stream: &TcpStream,
+    reader: &mut TcpStream,
+    opts: &WorkerOptions,
+    data_addr: &str,
+) -> Result<(u32, Duration), SessionEnd> {
+    let unregistered = |reason: String, http: bool| SessionEnd::Unregistered { reason, http };
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(GREETING_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(GREETING_TIMEOUT));
+    let register = ToCoordinator::Register {
+        secret: opts.secret.clone(),
+        slots: opts.slots,
+        data_addr: data_addr.to_string(),
+    };
+    let mut w = stream;
+    write_frame(&mut w, &register).map_err(|e| unregistered(e.to_string(), false))?;
+    let mut buf = Vec::new();
+    match read_frame::<_, ToWorker>(reader, &mut buf) {
+        Ok(ToWorker::Registered {
+            worker_id,
+            heartbeat_timeout_ms,
+        }) => Ok((
+            worker_id,
+            Duration::from_millis(heartbeat_timeout_ms.max(1)),
+        )),
+        Ok(ToWorker::Rejected { reason }) => Err(SessionEnd::Rejected(reason)),
+        Ok(other) => Err(unregistered(format!("unexpected {other:?}"), false)),
+        Err(e) => {
+            let http = e.speaks_http();
+            Err(unregistered(e.to_string(), http))
+        }
+    }
 }
 
 fn session(
@@ -750,101 +1294,52 @@ fn session(
     opts: &WorkerOptions,
     data_addr: &str,
     attempts: &Arc<Attempts>,
-) -> Result<(), SessionEnd> {
-    let _ = stream.set_nodelay(true);
-    let mut reader = stream
-        .try_clone()
-        .map_err(|e| SessionEnd::Lost(e.to_string()))?;
-    let writer: Writer = Arc::new(Mutex::new(stream));
-    let register = ToCoordinator::Register {
-        secret: opts.secret.clone(),
-        slots: opts.slots,
-        data_addr: data_addr.to_string(),
+) -> SessionEnd {
+    let mut reader = match stream.try_clone() {
+        Ok(r) => r,
+        Err(e) => {
+            return SessionEnd::Unregistered {
+                reason: e.to_string(),
+                http: false,
+            }
+        }
     };
-    if !send(&writer, &register) {
-        return Err(SessionEnd::Lost("cannot send registration".into()));
-    }
-    let mut buf = Vec::new();
-    let worker_id = match read_frame::<_, ToWorker>(&mut reader, &mut buf) {
-        Ok(ToWorker::Registered { worker_id }) => worker_id,
-        Ok(ToWorker::Rejected { reason }) => return Err(SessionEnd::Rejected(reason)),
-        Ok(other) => return Err(SessionEnd::Lost(format!("unexpected {other:?}"))),
-        Err(e) => return Err(SessionEnd::Lost(e.to_string())),
+    let (worker_id, io_timeout) = match register(&stream, &mut reader, opts, data_addr) {
+        Ok(r) => r,
+        Err(end) => return end,
     };
+    // The coordinator heartbeats several times within its timeout: silence for that long
+    // means it is gone, even if the connection looks open.
+    let _ = stream.set_read_timeout(Some(io_timeout));
+    let _ = stream.set_write_timeout(Some(io_timeout));
     info!(
         "registered with the coordinator as worker {worker_id} ({} slots, data on {data_addr})",
         opts.slots
     );
+    let session = Session {
+        worker_id,
+        opts: opts.clone(),
+        attempts: attempts.clone(),
+        control: Arc::new(Mutex::new(stream)),
+        io_timeout,
+    };
     let alive = Arc::new(AtomicBool::new(true));
-    {
-        let writer = writer.clone();
-        let alive = alive.clone();
-        let interval = opts.heartbeat_interval;
-        std::thread::Builder::new()
-            .name("heartbeat".into())
-            .spawn(move || {
-                let mut last_report = Instant::now();
-                while alive.load(Ordering::Acquire) {
-                    if !send(&writer, &ToCoordinator::Heartbeat) {
-                        return;
-                    }
-                    if last_report.elapsed() >= METRICS_REPORT_INTERVAL {
-                        last_report = Instant::now();
-                        let snapshots: Vec<_> = crate::metrics::registry()
-                            .subtasks()
-                            .iter()
-                            .map(|m| m.snapshot())
-                            .collect();
-                        if !snapshots.is_empty()
-                            && !send(&writer, &ToCoordinator::Metrics(snapshots))
-                        {
-                            return;
-                        }
-                    }
-                    std::thread::sleep(interval);
-                }
-            })
-            .map_err(|e| SessionEnd::Lost(e.to_string()))?;
+    if let Err(e) = start_heartbeats(&session, &alive) {
+        return SessionEnd::Lost(e);
     }
-    let result = loop {
+    let mut buf = Vec::new();
+    let reason = loop {
         let msg = match read_frame::<_, ToWorker>(&mut reader, &mut buf) {
             Ok(m) => m,
-            Err(e) => break Err(SessionEnd::Lost(e.to_string())),
+            Err(FrameError::Io(e))
+                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+            {
+                break format!("no heartbeat from the coordinator for {io_timeout:?}");
+            }
+            Err(e) => break e.to_string(),
         };
         match msg {
-            ToWorker::Deploy(spec) => {
-                let spec = *spec;
-                let (job_id, attempt) = (spec.job_id.clone(), spec.attempt);
-                let assigned: Vec<usize> = spec
-                    .assignment
-                    .iter()
-                    .enumerate()
-                    .filter(|(t, &w)| w == worker_id && spec.deploy_mask.get(*t) == Some(&true))
-                    .map(|(t, _)| t)
-                    .collect();
-                if let Err(e) = deploy_attempt(spec, worker_id, opts, attempts, &writer) {
-                    let error = match e {
-                        DeployError::Refused(e) => WireTaskError::Unrecoverable(e),
-                        DeployError::Failed(e) => {
-                            WireTaskError::Failed(format!("worker {worker_id} cannot deploy: {e}"))
-                        }
-                    };
-                    warn!("cannot deploy attempt {attempt} of job {job_id}: {error:?}");
-                    for task in assigned {
-                        let _ = send(
-                            &writer,
-                            &ToCoordinator::Event {
-                                job_id: job_id.clone(),
-                                event: WireEvent::Exited {
-                                    attempt,
-                                    task,
-                                    error: Some(error.clone()),
-                                },
-                            },
-                        );
-                    }
-                }
-            }
+            ToWorker::Deploy(spec) => session.deploy(*spec),
             ToWorker::CheckJob(spec) => {
                 let refusal = build_checked(&spec, worker_id, opts).err();
                 if let Some(why) = &refusal {
@@ -855,8 +1350,8 @@ fn session(
                     attempt: spec.attempt,
                     refusal,
                 };
-                if !send(&writer, &answer) {
-                    break Err(SessionEnd::Lost("cannot answer a job check".into()));
+                if !send(&session.control, &answer) {
+                    break "cannot answer a job check".into();
                 }
             }
             ToWorker::Mail {
@@ -864,51 +1359,50 @@ fn session(
                 attempt,
                 task,
                 mail,
-            } => {
-                let rt = attempts
-                    .map
-                    .lock()
-                    .ok()
-                    .and_then(|m| m.get(&(job_id, attempt)).cloned());
-                if let Some(rt) = rt {
-                    let mailbox = rt
-                        .receivers
-                        .lock()
-                        .ok()
-                        .and_then(|r| r.get(&task).map(|(m, _)| m.clone()));
-                    if let Some(m) = mailbox {
-                        let _ = m.send(mail.into_mail());
-                    }
-                }
-            }
-            ToWorker::CancelAttempt { job_id, attempt } => {
-                let rt = attempts
-                    .map
-                    .lock()
-                    .ok()
-                    .and_then(|mut m| m.remove(&(job_id.clone(), attempt)));
-                let writer = writer.clone();
-                let _ = std::thread::Builder::new()
-                    .name("cancel".into())
-                    .spawn(move || {
-                        if let Some(rt) = rt {
-                            rt.cancel();
-                        }
-                        let _ = send(
-                            &writer,
-                            &ToCoordinator::AttemptCancelled { job_id, attempt },
-                        );
-                    });
-            }
-            ToWorker::Registered { .. } | ToWorker::Rejected { .. } => {}
+            } => session.mail(job_id, attempt, task, mail),
+            ToWorker::CancelAttempt { job_id, attempt } => session.cancel(job_id, attempt),
+            ToWorker::Heartbeat | ToWorker::Registered { .. } | ToWorker::Rejected { .. } => {}
         }
     };
     alive.store(false, Ordering::Release);
-    if let Ok(s) = writer.lock() {
+    if let Ok(s) = session.control.lock() {
         let _ = s.shutdown(Shutdown::Both);
         let _ = (&*s).flush();
     }
-    result
+    SessionEnd::Lost(reason)
+}
+
+/// Starts the thread that heartbeats (and reports metrics) to the coordinator while `alive`.
+fn start_heartbeats(session: &Session, alive: &Arc<AtomicBool>) -> Result<(), String> {
+    let writer = session.control.clone();
+    let alive = alive.clone();
+    let interval = session.opts.heartbeat_interval;
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || {
+            let mut last_report = Instant::now();
+            while alive.load(Ordering::Acquire) {
+                if !send(&writer, &ToCoordinator::Heartbeat) {
+                    return;
+                }
+                if last_report.elapsed() >= METRICS_REPORT_INTERVAL {
+                    last_report = Instant::now();
+                    let snapshots: Vec<_> = crate::metrics::registry()
+                        .subtasks()
+                        .iter()
+                        .map(|m| m.snapshot())
+                        .collect();
+                    // Also when empty: a report replaces the last, so the coordinator forgets
+                    // the series of subtasks that ended here.
+                    if !send(&writer, &ToCoordinator::Metrics(snapshots)) {
+                        return;
+                    }
+                }
+                std::thread::sleep(interval);
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -949,35 +1443,31 @@ mod tests {
     /// Attempt 0 of job "j" on worker 2: task 1 runs here with input channel 0 fed from worker 1
     /// and channel 1 fed locally; task 0 runs on worker 1, whose data address is `worker_1`.
     fn attempt(worker_1: &str) -> (Arc<Attempts>, Receiver<Mail>, Receiver<Mail>) {
-        let rt = Arc::new(AttemptRuntime {
-            spec: DeploySpec {
-                job_id: "j".into(),
-                attempt: 0,
-                job: "test".into(),
-                params: "null".into(),
-                seed: 0,
-                fingerprint: String::new(),
-                inject: None,
-                inject_uid: None,
-                checkpoint_dir: None,
-                config_yaml: String::new(),
-                restore: None,
-                assignment: vec![1, 2],
-                deploy_mask: vec![true, true],
-                workers: vec![(1, worker_1.to_string())],
-                sources_stopped: false,
-            },
-            worker_id: 2,
-            secret: SECRET.into(),
-            receivers: Mutex::new(HashMap::new()),
-            remote_inputs: Mutex::new(HashSet::new()),
-            out_credits: Mutex::new(HashMap::new()),
-            return_paths: Mutex::new(HashMap::new()),
-            peers: Mutex::new(HashMap::new()),
-            sockets: Mutex::new(Vec::new()),
-            deployment: Mutex::new(None),
-            cancelled: AtomicBool::new(false),
-        });
+        let spec = DeploySpec {
+            job_id: "j".into(),
+            attempt: 0,
+            job: "test".into(),
+            params: "null".into(),
+            seed: 0,
+            fingerprint: String::new(),
+            inject: None,
+            inject_uid: None,
+            checkpoint_dir: None,
+            config_yaml: String::new(),
+            restore: None,
+            assignment: vec![1, 2],
+            deploy_mask: vec![true, true],
+            workers: vec![(1, worker_1.to_string())],
+            sources_stopped: false,
+        };
+        let rt = Arc::new(AttemptRuntime::new(
+            spec,
+            2,
+            SECRET.into(),
+            Duration::from_secs(20),
+        ));
+        // Its subtasks run: data connections may route to them.
+        *rt.phase.lock().unwrap() = Phase::Running;
         let links = Links(rt.clone());
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ptx, prx) = crossbeam_channel::unbounded();
@@ -1096,6 +1586,24 @@ mod tests {
                 }
             ),
             "{delivered:?}"
+        );
+    }
+
+    #[test]
+    fn reconnect_pauses_double_up_to_their_cap() {
+        let ms = |d: Duration| d.as_millis();
+        let mut backoff = Backoff::new();
+        let pauses: Vec<u128> = (0..6)
+            .map(|_| ms(backoff.pause(RECONNECT_PAUSE_MAX)))
+            .collect();
+        assert_eq!(pauses, [200, 400, 800, 1600, 2000, 2000]);
+        let mut backoff = Backoff::new();
+        let pauses: Vec<u128> = (0..9)
+            .map(|_| ms(backoff.pause(WRONG_PEER_PAUSE_MAX)))
+            .collect();
+        assert_eq!(
+            pauses,
+            [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000]
         );
     }
 

@@ -90,7 +90,11 @@ pub mod seeds {
             push(&|b| write_frame(b, m).unwrap());
         }
         let to_worker = [
-            ToWorker::Registered { worker_id: 3 },
+            ToWorker::Registered {
+                worker_id: 3,
+                heartbeat_timeout_ms: 2000,
+            },
+            ToWorker::Heartbeat,
             ToWorker::Rejected {
                 reason: "wrong cluster secret".into(),
             },
