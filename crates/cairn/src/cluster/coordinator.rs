@@ -510,7 +510,7 @@ impl Coordinator {
             }
         }
         // The newest ended jobs, as many as the history keeps.
-        ended.sort_by(|a, b| b.0.cmp(&a.0));
+        ended.sort_by_key(|e| std::cmp::Reverse(e.0));
         ended.truncate(self.inner.opts.history);
         for (_, job_id, end) in ended.into_iter().rev() {
             let status = end.status(job_id.clone());
