@@ -236,9 +236,12 @@ fn a_damaged_job_record_is_refused_with_its_path_and_not_resumed() {
     let record = job_dir.join("_job");
     std::fs::write(&record, b"{\"submission\": {\"job\": \"wordcount\", \"par").unwrap();
     let mut c = Cluster::start(&ck, 0, Instant::now() + DEADLINE);
-    let line = c
-        .coordinator
-        .wait_for_line_containing("damaged job record", Instant::now() + DEADLINE);
+    // Recorded jobs are read before the coordinator says it listens.
+    let stderr = c.coordinator.stderr_so_far();
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("damaged job record"))
+        .unwrap_or_else(|| panic!("no refusal of the damaged record:\n{stderr}"));
     let canonical = record.canonicalize().unwrap();
     assert!(
         line.contains(&canonical.display().to_string()),

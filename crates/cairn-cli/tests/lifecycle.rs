@@ -180,6 +180,26 @@ fn failures_known_before_deployment_are_refused_at_submit_and_nothing_is_recorde
     let line = refused(rest, &strs(&args));
     assert!(line.contains(s(&chk)), "names the checkpoint: {line}");
 
+    // A savepoint resumed into another output than its own: its pending files are not there.
+    let sp_out = tmp.path().join("sp-out");
+    let mut args = wordcount(100_000_000, 20_000, &sp_out, "1");
+    args.extend([
+        "--checkpoint-dir".into(),
+        s(&tmp.path().join("sp-ck")).into(),
+        "--savepoint-on-exit".into(),
+        s(&tmp.path().join("sp")).into(),
+    ]);
+    let run = Watched::spawn(cairn().arg("run").args(&args));
+    let (savepoint, _) =
+        run.stop_with_savepoint_after_a_checkpoint(&tmp.path().join("sp-ck"), deadline);
+    let mut args = wordcount(100, 0, &tmp.path().join("another-out"), "1");
+    args.extend(["--from".into(), s(&savepoint).into()]);
+    let line = refused(rest, &strs(&args));
+    assert!(
+        line.contains("pending file") && line.contains("another-out"),
+        "{line}"
+    );
+
     // A relative --from sent straight to the REST API: the coordinator's directory means
     // nothing to the client.
     let answer = ureq::post(&format!("http://{rest}/jobs"))

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 #[cfg(test)]
 pub(crate) use self::core::MasterFlaw;
@@ -219,7 +219,7 @@ impl<'a> JobMaster<'a> {
         for (request_id, outcome) in self.core.drain_savepoint_outcomes() {
             let state = match outcome {
                 SavepointOutcome::Completed { location, .. } => {
-                    info!("savepoint {request_id} completed at {location}");
+                    debug!("savepoint {request_id} completed at {location}");
                     SavepointState::Completed { location }
                 }
                 SavepointOutcome::Failed(cause) => {
