@@ -431,3 +431,47 @@ fn a_stopped_coordinator_suspends_its_jobs_and_the_next_one_resumes_them() {
     assert_eq!(job["jid"], jid.as_str());
     cluster.assert_running();
 }
+
+#[test]
+fn the_history_of_ended_jobs_is_bounded_and_their_records_stay() {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let flags = ["--jobstore-max-capacity", "2"];
+    let mut cluster = Cluster::start_with(&ck, 1, &flags, deadline);
+    let rest = cluster.rest;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let out = tmp.path().join(format!("out-{i}"));
+        let jid = submit(rest, None, &strs(&wordcount(100, 0, &out, "1")));
+        wait_state(&mut cluster, &jid, "FINISHED", deadline);
+        ids.push(jid);
+    }
+    let newest = |rest: SocketAddr| {
+        let mut jobs: Vec<String> = listed(rest).into_iter().map(|(id, _)| id).collect();
+        jobs.sort();
+        jobs
+    };
+    let mut expected = ids[2..].to_vec();
+    expected.sort();
+    cluster
+        .coordinator
+        .wait_until("the history to let the oldest go", deadline, || {
+            newest(rest) == expected
+        });
+    let gone = ureq::get(&format!("http://{rest}/jobs/{}", ids[0]))
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .call()
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+    // Every end is on disk; a restarted coordinator lists the newest ones again.
+    assert_eq!(recorded_jobs(&ck).len(), 4);
+    for jid in &ids {
+        assert!(ck.join(jid).join("_end").is_file(), "{jid}");
+    }
+    drop(cluster);
+    let cluster = Cluster::start_with(&ck, 0, &flags, deadline);
+    assert_eq!(newest(cluster.rest), expected);
+}

@@ -922,6 +922,7 @@ fn write_savepoint(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::restore::checkpoint_ids;
     use crate::storage::layout::metadata_path;
     use crate::storage::MemoryStorage;
 
@@ -971,6 +972,30 @@ mod tests {
             stats: crate::checkpoint::TaskCheckpointStats::default(),
             shared_files: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_long_run_keeps_the_newest_completed_checkpoints_only() {
+        let (mut c, storage, t0) = coordinator(0);
+        let total = 5 * COMPLETED_KEPT as u64 + 7;
+        for n in 1..=total {
+            let now = t0 + Duration::from_millis(100 * n);
+            let id = c.maybe_trigger(now, false).expect("a checkpoint is due");
+            c.drain_messages();
+            c.on_ack(ack(id, 0), now).unwrap();
+            assert_eq!(c.on_ack(ack(id, 1), now).unwrap(), vec![id]);
+            c.drain_messages();
+            assert!(c.completed().len() < 2 * COMPLETED_KEPT, "bounded at {n}");
+        }
+        assert_eq!(c.completed_total(), total);
+        assert!(c.completed().len() >= COMPLETED_KEPT);
+        assert_eq!(c.completed().last().map(|x| x.id), Some(total));
+        // Ids are consecutive up to the newest: the newest ones are kept.
+        let ids: Vec<u64> = c.completed().iter().map(|x| x.id).collect();
+        let first = ids[0];
+        assert_eq!(ids, (first..=total).collect::<Vec<_>>());
+        // And on storage, only the retained one.
+        assert_eq!(checkpoint_ids(storage.as_ref(), "job"), vec![total]);
     }
 
     #[test]

@@ -116,6 +116,37 @@ pub fn allowed(from: JobState, to: JobState, actor: Actor) -> bool {
     }
 }
 
+/// The transitions by which a job follows its job master's state from `reported` to `now`:
+/// a master that restarts or fails for good went through FAILING (with the failure's
+/// `cause`), one that was cancelled through CANCELLING (a user's). The job master's shell
+/// applies them to the job's status, and the simulation to a lifecycle of its own, so the
+/// simulation checks what the shell reports against the transition table.
+pub fn master_steps(
+    reported: JobState,
+    now: JobState,
+    cause: Option<&str>,
+) -> Vec<(JobState, Actor, Option<String>)> {
+    use JobState::*;
+    let cause = cause.map(str::to_string);
+    match now {
+        _ if now == reported => Vec::new(),
+        Restarting if reported != Failing => vec![
+            (Failing, Actor::JobMaster, cause),
+            (Restarting, Actor::JobMaster, None),
+        ],
+        Failed if reported != Failing => vec![
+            (Failing, Actor::JobMaster, cause.clone()),
+            (Failed, Actor::JobMaster, cause),
+        ],
+        Failed => vec![(Failed, Actor::JobMaster, cause)],
+        Canceled if reported != Cancelling => vec![
+            (Cancelling, Actor::User, None),
+            (Canceled, Actor::JobMaster, None),
+        ],
+        _ => vec![(now, Actor::JobMaster, None)],
+    }
+}
+
 /// One recorded transition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Transition {
@@ -320,6 +351,49 @@ mod tests {
             l.apply(end, JobMaster, None, 4).unwrap();
             assert_eq!(l.state(), end);
         }
+    }
+
+    #[test]
+    fn the_steps_of_a_job_master_are_all_allowed() {
+        // Every move of the job master's core, from a job that reached its first state the
+        // way the core does.
+        let moves = [
+            (Created, Running),
+            (Created, Canceled),
+            (Running, Restarting),
+            (Running, Failed),
+            (Running, Canceled),
+            (Running, Finished),
+            (Restarting, Running),
+            (Restarting, Failed),
+            (Restarting, Canceled),
+        ];
+        for (from, to) in moves {
+            let mut l = Lifecycle::new(0);
+            let reach = master_steps(Created, Running, None)
+                .into_iter()
+                .chain(master_steps(Running, from, Some("first")))
+                .filter(|_| from != Created);
+            for (s, a, c) in reach {
+                l.apply(s, a, c, 1).unwrap();
+            }
+            assert_eq!(l.state(), from);
+            for (s, a, c) in master_steps(from, to, Some("boom")) {
+                l.apply(s, a, c, 2)
+                    .unwrap_or_else(|e| panic!("{from} -> {to}: {e}"));
+            }
+            assert_eq!(l.state(), to);
+            if to == Failed {
+                let last = l.transitions().last().unwrap();
+                assert_eq!(last.cause.as_deref(), Some("boom"));
+            }
+        }
+        // A move the core never makes is refused.
+        let mut l = Lifecycle::new(0);
+        let refused = master_steps(Created, Finished, None)
+            .into_iter()
+            .try_for_each(|(s, a, c)| l.apply(s, a, c, 1));
+        assert!(refused.is_err());
     }
 
     #[test]

@@ -236,6 +236,11 @@ mod tests {
     }
 
     #[test]
+    fn finds_a_status_that_skips_failing() {
+        finds(Planted::LifecycleSkipsFailing, &Mode::ALL, 2_000);
+    }
+
+    #[test]
     fn finds_a_sink_that_commits_at_pre_commit() {
         finds(Planted::CommitAtPreCommit, &Mode::ALL, 2_000);
     }

@@ -40,6 +40,7 @@ use crate::runtime::channel::{Barrier, BarrierKind, Element};
 use crate::runtime::gate::{
     AlignmentMode, Flaw, FlushCredit, ForwardStep, Forwarding, GateAction, InputGate, Now,
 };
+use crate::runtime::lifecycle::{master_steps, JobState, Lifecycle};
 use crate::runtime::master::{MasterAction, MasterCore, MasterFlaw, Outcome as JobOutcome};
 use crate::runtime::restart::RestartTracker;
 use crate::runtime::task::JobEvent;
@@ -148,6 +149,9 @@ pub(crate) enum Planted {
     /// A counter's snapshot reads its counts when it is uploaded, not as they were at the
     /// barrier (copy-on-write that lets later writes into the snapshot).
     SnapshotReadsLive,
+    /// The job's status follows a restarting job master straight from RUNNING to RESTARTING,
+    /// without FAILING (the lifecycle's transition table refuses it).
+    LifecycleSkipsFailing,
 }
 
 /// Event time of the records: a record's time is its position in its source; windows are this
@@ -395,6 +399,10 @@ pub(crate) struct World {
     /// Restarts of earlier processes (the current master counts its own).
     process_restarts: u32,
     finished: bool,
+    /// The job's lifecycle as its status follows the job master, and the master state it
+    /// last followed.
+    lifecycle: Lifecycle,
+    reported: JobState,
     violation: Option<String>,
     trace: Vec<String>,
     stats: BTreeMap<&'static str, u64>,
@@ -598,6 +606,8 @@ impl World {
             instances: 0,
             process_restarts: 0,
             finished: false,
+            lifecycle: Lifecycle::new(0),
+            reported: JobState::Created,
             violation: None,
             trace: Vec::new(),
             stats: BTreeMap::new(),
@@ -677,6 +687,9 @@ impl World {
             }
         }
         self.stopped_at = None;
+        // A new run of the job: a new status.
+        self.lifecycle = Lifecycle::new(self.now_ms);
+        self.reported = JobState::Created;
         self.master.start();
         self.perform();
     }
@@ -746,6 +759,7 @@ impl World {
                 }
             }
         }
+        self.follow_lifecycle();
         match self.master.outcome() {
             Some(JobOutcome::Finished) if self.stopped_at.is_some() => self.resume_from_savepoint(),
             Some(JobOutcome::Finished) => self.finished = true,
@@ -753,6 +767,22 @@ impl World {
             Some(JobOutcome::Canceled) => self.violate("the job was cancelled".into()),
             None => {}
         }
+    }
+
+    /// The job's status follows the job master's state through the lifecycle, as the shell
+    /// does; a transition the table refuses is a violation.
+    fn follow_lifecycle(&mut self) {
+        let now = self.master.state();
+        let mut steps = master_steps(self.reported, now, self.master.failure_cause());
+        if matches!(self.cfg.planted, Some(Planted::LifecycleSkipsFailing)) {
+            steps.retain(|(to, _, _)| *to != JobState::Failing);
+        }
+        for (to, actor, cause) in steps {
+            if let Err(e) = self.lifecycle.apply(to, actor, cause, self.now_ms) {
+                return self.violate(format!("lifecycle: {e}"));
+            }
+        }
+        self.reported = now;
     }
 
     /// The job stopped with a savepoint: a new run resumes from it, as `--from` its path.

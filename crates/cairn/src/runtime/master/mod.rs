@@ -27,6 +27,7 @@ use super::channel::Mail;
 use super::deploy::{region_mask, Deployed, DeployedTask, Deployer, Executor};
 use super::graph::JobGraph;
 use super::job::{JobError, Progress, ProgressFn};
+use super::lifecycle::master_steps;
 use super::operators::{sink_pending, SinkOwner};
 use super::restart::RestartTracker;
 use super::status::{Actor, JobCommand, JobState, JobStatus, SavepointKind, SavepointState};
@@ -347,15 +348,7 @@ impl<'a> JobMaster<'a> {
         // A terminal state is reported when the job's end is done (subtasks joined,
         // checkpoints recorded).
         if state != self.reported_state && !state.is_terminal() {
-            if state == JobState::Restarting {
-                // A failure: FAILING with its cause while the failed tasks are cancelled.
-                let cause = self.core.failure_cause().map(str::to_string);
-                let _ = self
-                    .status
-                    .transition(JobState::Failing, Actor::JobMaster, cause);
-            }
-            self.reported_state = state;
-            self.status.set_state(state);
+            self.follow(state);
         }
         let restarts = self.core.restart_count();
         let cause = self.core.failure_cause().map(str::to_string);
@@ -370,20 +363,26 @@ impl<'a> JobMaster<'a> {
         });
     }
 
+    /// Moves the job's status to the core's `state` (see [`master_steps`]).
+    fn follow(&mut self, state: JobState) {
+        let cause = self.core.failure_cause();
+        for (to, actor, cause) in master_steps(self.reported_state, state, cause) {
+            let _ = self.status.transition(to, actor, cause);
+        }
+        self.reported_state = state;
+    }
+
     /// The job ended: joins or cancels what runs and reports how it went.
     fn end(mut self, outcome: Outcome) -> Result<Finished, JobError> {
         self.perform(Instant::now());
         match outcome {
             Outcome::Finished => {
                 let finished = self.finish_and_join();
-                self.status.set_state(JobState::Finished);
+                self.follow(JobState::Finished);
                 Ok(finished)
             }
             Outcome::Canceled => {
-                let _ = self
-                    .status
-                    .transition(JobState::Cancelling, Actor::User, None);
-                self.status.set_state(JobState::Canceled);
+                self.follow(JobState::Canceled);
                 Err(JobError::Canceled)
             }
             Outcome::Failed { .. } => {
@@ -394,13 +393,7 @@ impl<'a> JobMaster<'a> {
                     self.core.on_event(e, now);
                 }
                 self.sync_state();
-                let cause = self.core.failure_cause().map(str::to_string);
-                let _ = self
-                    .status
-                    .transition(JobState::Failing, Actor::JobMaster, cause.clone());
-                let _ = self
-                    .status
-                    .transition(JobState::Failed, Actor::JobMaster, cause);
+                self.follow(JobState::Failed);
                 match self.core.outcome().cloned() {
                     Some(Outcome::Failed {
                         restarts,
