@@ -764,28 +764,25 @@ pub fn threads_and_fds(pid: u32) -> (usize, usize) {
     (count("task"), count("fd"))
 }
 
-/// The state of job `jid` as the REST API at `rest` says, None if it does not answer.
-pub fn rest_job_state(rest: SocketAddr, jid: &str) -> Option<String> {
-    let url = format!("http://{rest}/jobs/{jid}");
+/// `GET path` of the REST API at `rest` as JSON, None if it does not answer (or not 2xx).
+pub fn rest_json(rest: SocketAddr, path: &str) -> Option<serde_json::Value> {
+    let url = format!("http://{rest}{path}");
     let body = ureq::get(&url)
         .call()
         .ok()?
         .body_mut()
         .read_to_string()
         .ok()?;
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    serde_json::from_str(&body).ok()
+}
+
+/// The state of job `jid` as the REST API at `rest` says, None if it does not answer.
+pub fn rest_job_state(rest: SocketAddr, jid: &str) -> Option<String> {
+    let v = rest_json(rest, &format!("/jobs/{jid}"))?;
     v["state"].as_str().map(str::to_string)
 }
 
 /// The restarts of job `jid` as the REST API at `rest` says.
 pub fn rest_job_restarts(rest: SocketAddr, jid: &str) -> Option<u64> {
-    let url = format!("http://{rest}/jobs/{jid}");
-    let body = ureq::get(&url)
-        .call()
-        .ok()?
-        .body_mut()
-        .read_to_string()
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-    v["restarts"].as_u64()
+    rest_json(rest, &format!("/jobs/{jid}"))?["restarts"].as_u64()
 }

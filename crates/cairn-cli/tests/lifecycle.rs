@@ -16,11 +16,7 @@ use common::*;
 use serde_json::Value;
 
 fn get(rest: SocketAddr, path: &str) -> Value {
-    let body = ureq::get(&format!("http://{rest}{path}"))
-        .call()
-        .and_then(|mut r| r.body_mut().read_to_string())
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-    serde_json::from_str(&body).unwrap()
+    rest_json(rest, path).unwrap_or_else(|| panic!("GET {path} answered no JSON"))
 }
 
 /// Every job the coordinator lists, as (id, state).

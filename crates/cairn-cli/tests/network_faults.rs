@@ -105,15 +105,7 @@ fn submit_job(cluster: &Cluster, out: &Path) -> String {
 
 /// Live workers, as `GET /overview` of the REST API at `rest` says.
 fn live_workers(rest: std::net::SocketAddr) -> Option<u64> {
-    let url = format!("http://{rest}/overview");
-    let body = ureq::get(&url)
-        .call()
-        .ok()?
-        .body_mut()
-        .read_to_string()
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-    v["taskmanagers"].as_u64()
+    rest_json(rest, "/overview")?["taskmanagers"].as_u64()
 }
 
 fn run(path: Link, trouble: Trouble) {

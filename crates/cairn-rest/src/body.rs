@@ -155,12 +155,6 @@ pub(crate) fn job_overview(view: &JobStatusView, now_ms: u64) -> Result<Value, s
         "restarts": view.restarts,
         "restart-causes": view.restart_causes.iter().cloned().collect::<BTreeMap<_, _>>(),
         "failure-cause": view.failure_cause,
-        "state-transitions": view.lifecycle.transitions().iter().map(|t| json!({
-            "from": t.from.name(),
-            "to": t.to.name(),
-            "timestamp": t.at_ms,
-            "cause": t.cause,
-        })).collect::<Vec<_>>(),
     }))
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use tracing::{error, info, warn};
 
-use super::frame::{read_frame, write_frame};
+use super::frame::{read_frame, send_or_close as send};
 use super::protocol::{secrets_match, DeploySpec, RestoreRef, ToCoordinator, ToWorker, WireEvent};
 use super::records::{EndRecord, JobRecord, END_RECORD, JOB_RECORD, LEGACY_FINISHED};
 use super::slots::SlotTable;
@@ -100,22 +100,6 @@ impl Inner {
 #[derive(Clone)]
 pub struct Coordinator {
     inner: Arc<Inner>,
-}
-
-/// Writes one message to a worker; false if the connection is over. A failed write closes
-/// it: a frame written in part leaves the stream unreadable, and a write that timed out means
-/// the worker takes no bytes.
-fn send<T: serde::Serialize>(w: &Writer, msg: &T) -> bool {
-    let Ok(mut s) = w.lock() else {
-        return false;
-    };
-    match write_frame(&mut *s, msg) {
-        Ok(()) => true,
-        Err(_) => {
-            let _ = s.shutdown(Shutdown::Both);
-            false
-        }
-    }
 }
 
 /// How often the coordinator heartbeats to each worker: several times within the heartbeat

@@ -132,6 +132,25 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(
     Ok(msg)
 }
 
+/// Writes one message on a shared connection; false if the connection is over. A failed write
+/// closes it: a frame written in part leaves the stream unreadable, and a write that timed out
+/// means the peer takes no bytes.
+pub(crate) fn send_or_close<T: serde::Serialize>(
+    w: &std::sync::Mutex<std::net::TcpStream>,
+    msg: &T,
+) -> bool {
+    let Ok(mut s) = w.lock() else {
+        return false;
+    };
+    match write_frame(&mut *s, msg) {
+        Ok(()) => true,
+        Err(_) => {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

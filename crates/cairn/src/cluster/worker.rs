@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use tracing::{error, info, warn};
 
-use super::frame::{read_frame, write_frame, FrameError};
+use super::frame::{read_frame, send_or_close as send, write_frame, FrameError};
 use super::protocol::{
     secrets_match, DataMsg, DeploySpec, ToCoordinator, ToWorker, WireEvent, WireTaskError,
 };
@@ -76,22 +76,6 @@ type Writer = Arc<Mutex<TcpStream>>;
 
 /// A local subtask's mailbox and priority mailbox.
 type Inbox = (Sender<Mail>, Sender<Mail>);
-
-/// Writes one message; false if the connection is over. A failed write closes the connection:
-/// a frame written in part leaves the stream unreadable, and a write that timed out means the
-/// peer takes no bytes.
-fn send<T: serde::Serialize>(w: &Writer, msg: &T) -> bool {
-    let Ok(mut s) = w.lock() else {
-        return false;
-    };
-    match write_frame(&mut *s, msg) {
-        Ok(()) => true,
-        Err(_) => {
-            let _ = s.shutdown(Shutdown::Both);
-            false
-        }
-    }
-}
 
 /// Connects to `addr` (any of its addresses) within [`CONNECT_TIMEOUT`].
 fn connect(addr: &str) -> std::io::Result<TcpStream> {
