@@ -2,7 +2,9 @@
 //! never a sleep (defect: cancellation waited behind it), and one lost worker is one failure
 //! however many regions it hosted (defect: one failure per region).
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use cairn::config::JobConfig;
@@ -11,7 +13,8 @@ use cairn::jobs::{pipelines, wordcount};
 use cairn::runtime::job::{DeployRequest, Deployed, Executor, LocalExecutor};
 use cairn::runtime::task::JobEvent;
 use cairn::runtime::{
-    run_job_with, InjectSpec, JobError, JobState, JobStatus, JobSummary, RunOptions,
+    run_job_with, InjectSpec, JobError, JobState, JobStatus, JobSummary, RunOptions, SavepointKind,
+    SavepointState,
 };
 
 /// Generous: the backoffs these tests configure are an hour long.
@@ -171,4 +174,106 @@ fn failures_beyond_the_restart_budget_end_the_job_without_waiting() {
         Err(JobError::Failed { restarts, .. }) => assert_eq!(restarts, 1),
         other => panic!("expected the restart strategy to give up, got {other:?}"),
     }
+}
+
+/// Deploys locally, but keeps every redeployment waiting (as a cluster waits for free slots)
+/// until `release` is set; counts how often the master asked.
+struct SlowToRedeploy {
+    inner: LocalExecutor,
+    release: Arc<AtomicBool>,
+    asked: Arc<AtomicU32>,
+}
+
+impl Executor for SlowToRedeploy {
+    fn poll_ready(&mut self, req: &DeployRequest<'_>) -> Poll<Result<(), TaskError>> {
+        if req.attempt == 0 || self.release.load(Ordering::SeqCst) {
+            return Poll::Ready(Ok(()));
+        }
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        Poll::Pending
+    }
+
+    fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError> {
+        self.inner.deploy(req)
+    }
+}
+
+/// A redeployment waiting for its executor (slots) does not hold the job master: a request
+/// meanwhile is answered at once (defect: the master waited inside the deployment for up to
+/// `--slot-wait`), and the job finishes once the executor is ready.
+#[test]
+fn the_master_answers_requests_while_a_redeployment_waits() {
+    let graph = generated_wordcount();
+    let config = config(&[
+        ("parallelism.default", "2"),
+        ("execution.checkpointing.interval", "100ms"),
+        ("restart-strategy.type", "fixed-delay"),
+        ("restart-strategy.fixed-delay.attempts", "3"),
+        ("restart-strategy.fixed-delay.delay", "10ms"),
+    ]);
+    let status = JobStatus::new("job".into(), "wordcount".into(), Vec::new());
+    let opts = RunOptions {
+        config,
+        inject: Some(InjectSpec {
+            count: 1,
+            seed: 7,
+            expected_records: 100_000,
+        }),
+        status: Some(status.clone()),
+        ..RunOptions::default()
+    };
+    let release = Arc::new(AtomicBool::new(false));
+    let asked = Arc::new(AtomicU32::new(0));
+    let executor = SlowToRedeploy {
+        inner: LocalExecutor,
+        release: release.clone(),
+        asked: asked.clone(),
+    };
+    let result = spawn_run(graph, opts, executor);
+    let until = Instant::now() + DEADLINE;
+    while asked.load(Ordering::SeqCst) < 3 {
+        assert!(
+            Instant::now() < until,
+            "the redeployment was never asked for"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // A target that cannot be a directory: the master refuses the savepoint as soon as it
+    // takes the request.
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let request = status.request_savepoint(file, SavepointKind::Intermediate, false);
+    let until = Instant::now() + DEADLINE;
+    let answered = loop {
+        let state = status
+            .view()
+            .savepoints
+            .iter()
+            .find(|s| s.request_id == request)
+            .map(|s| s.state.clone());
+        match state {
+            Some(SavepointState::InProgress) | None => {}
+            Some(other) => break other,
+        }
+        assert!(
+            Instant::now() < until,
+            "the savepoint request waited behind the redeployment"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(
+        matches!(&answered, SavepointState::Failed { cause } if cause.contains("a-file")),
+        "{answered:?}"
+    );
+    assert!(
+        !release.load(Ordering::SeqCst),
+        "answered while the redeployment waits"
+    );
+    let asked_before = asked.load(Ordering::SeqCst);
+    release.store(true, Ordering::SeqCst);
+    let outcome = result.recv_timeout(DEADLINE).expect("the job must end");
+    let summary = outcome.unwrap_or_else(|e| panic!("the job must finish: {e}"));
+    assert_eq!(summary.restarts, 1);
+    assert!(asked_before >= 3);
 }

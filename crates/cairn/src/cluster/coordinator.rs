@@ -6,6 +6,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -311,6 +312,8 @@ impl Coordinator {
             fingerprint,
             inject,
             inject_uid: submission.inject.and_then(|i| i.uid_prefix),
+            preparing: BTreeMap::new(),
+            cancelling: Arc::default(),
         };
         let inner = self.inner.clone();
         let spawned = std::thread::Builder::new()
@@ -874,125 +877,111 @@ pub struct ClusterExecutor {
     fingerprint: String,
     inject: Option<InjectSpec>,
     inject_uid: Option<String>,
+    /// Attempts being made ready for deployment (one per region of a deployment).
+    preparing: BTreeMap<u32, Preparing>,
+    /// Cancelled attempts whose workers have not confirmed yet: the next deployment waits for
+    /// them (up to [`CANCEL_WAIT`]), so that two attempts never overlap.
+    cancelling: Arc<Mutex<Vec<Cancelling>>>,
 }
 
-/// How often a wait of the job master (for slots, for a job check) looks at a cancel.
-const WAIT_STEP: Duration = Duration::from_millis(100);
+/// An attempt on its way to deployment: [`Executor::poll_ready`] advances it without blocking.
+struct Preparing {
+    /// When the master first asked (the slot wait counts from here).
+    since: Instant,
+    /// Reserved slots, the spec, and when the job check was sent.
+    checked: Option<(Reserved, Instant)>,
+    /// Every worker answered the job check: it can be deployed.
+    ready: bool,
+}
+
+/// Slots reserved for an attempt and what deploying it takes.
+struct Reserved {
+    spec: DeploySpec,
+    /// The workers the attempt runs on.
+    writers: Vec<(u32, Writer)>,
+    used: Vec<u32>,
+    descriptions: Vec<crate::runtime::plan::TaskDescription>,
+}
+
+struct Cancelling {
+    attempt: u32,
+    workers: Vec<u32>,
+    until: Instant,
+}
 
 /// How long a deployment waits for the workers to answer a job check.
 const JOB_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a cancellation waits for workers to confirm that an attempt's subtasks stopped.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
 impl ClusterExecutor {
-    /// Reserves the job's slots (keeping those it holds on live workers), waiting up to
-    /// `--slot-wait` for enough to be free; a cancel ends the wait at once. Returns the
-    /// worker of each slot and the live workers.
+    /// Reserves the job's slots (keeping those it holds on live workers) if enough are free.
+    /// Returns the worker of each slot and the live workers, or why there are not enough.
     #[allow(clippy::type_complexity)]
-    fn reserve_slots(
+    fn try_reserve(
         &self,
         needed: u32,
-    ) -> Result<(Vec<u32>, Vec<(u32, Arc<WorkerHandle>)>), TaskError> {
-        let deadline = Instant::now() + self.inner.opts.slot_wait;
-        let mut workers = self
+    ) -> Result<Result<(Vec<u32>, Vec<(u32, Arc<WorkerHandle>)>), String>, TaskError> {
+        let workers = self
             .inner
             .workers
             .lock()
             .map_err(|_| TaskError::Cancelled)?;
-        loop {
-            let offered = offered_slots(&workers);
-            let reserved = match self.inner.slots.lock() {
-                Ok(mut t) => t.reserve(&self.job_id, needed, &offered),
-                Err(_) => return Err(TaskError::Cancelled),
-            };
-            let shortage = match reserved {
-                Ok(owners) => {
-                    let live = workers.iter().map(|(id, h)| (*id, h.clone())).collect();
-                    return Ok((owners, live));
-                }
-                Err(shortage) => shortage,
-            };
-            if self.status.cancel_requested() {
-                return Err(TaskError::Cancelled);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(TaskError::msg(format!(
-                    "{shortage} (waited {:?}, --slot-wait)",
-                    self.inner.opts.slot_wait
-                )));
-            }
-            workers = self
-                .inner
-                .workers_changed
-                .wait_timeout(workers, (deadline - now).min(WAIT_STEP))
-                .map_err(|_| TaskError::Cancelled)?
-                .0;
-        }
+        let offered = offered_slots(&workers);
+        let reserved = match self.inner.slots.lock() {
+            Ok(mut t) => t.reserve(&self.job_id, needed, &offered),
+            Err(_) => return Err(TaskError::Cancelled),
+        };
+        Ok(reserved
+            .map(|owners| {
+                let live = workers.iter().map(|(id, h)| (*id, h.clone())).collect();
+                (owners, live)
+            })
+            .map_err(|shortage| shortage.to_string()))
     }
 
-    /// Asks every worker the attempt uses whether it can build the job and plans the same
-    /// graph, before anything is deployed; a refusal fails the job at once (no restart can
-    /// make a worker's binary have the job).
-    fn check_workers(&self, spec: &DeploySpec, workers: &[(u32, Writer)]) -> Result<(), TaskError> {
-        for (id, w) in workers {
-            if !send(w, &ToWorker::CheckJob(Box::new(spec.clone()))) {
-                return Err(TaskError::msg(format!("worker {id} is unreachable")));
-            }
+    /// Whether every cancelled attempt stopped (its live workers confirmed, or it waited
+    /// [`CANCEL_WAIT`]); forgets those that did.
+    fn cancellations_done(&self) -> bool {
+        let live = self.inner.live_workers();
+        let now = Instant::now();
+        let Ok(mut jobs) = self.inner.jobs.lock() else {
+            return true;
+        };
+        let Ok(mut cancelling) = self.cancelling.lock() else {
+            return true;
+        };
+        let entry = jobs.get_mut(&self.job_id);
+        let acked = |c: &Cancelling, id: &u32| {
+            entry
+                .as_ref()
+                .is_some_and(|j| j.cancel_acks.contains(&(c.attempt, *id)))
+        };
+        let done: Vec<u32> = cancelling
+            .iter()
+            .filter(|c| {
+                now >= c.until
+                    || c.workers
+                        .iter()
+                        .all(|id| !live.contains(id) || acked(c, id))
+            })
+            .map(|c| c.attempt)
+            .collect();
+        cancelling.retain(|c| !done.contains(&c.attempt));
+        if let Some(j) = entry {
+            j.cancel_acks.retain(|(a, _)| !done.contains(a));
         }
-        let deadline = Instant::now() + JOB_CHECK_TIMEOUT;
-        let mut jobs = self.inner.jobs.lock().map_err(|_| TaskError::Cancelled)?;
-        loop {
-            let answers = jobs.get(&self.job_id).map(|j| &j.checks);
-            let mut missing = Vec::new();
-            for (id, _) in workers {
-                match answers.and_then(|a| a.get(&(spec.attempt, *id))) {
-                    Some(Some(refusal)) => return Err(TaskError::Unrecoverable(refusal.clone())),
-                    Some(None) => {}
-                    None => missing.push(*id),
-                }
-            }
-            if missing.is_empty() {
-                if let Some(j) = jobs.get_mut(&self.job_id) {
-                    j.checks.retain(|(attempt, _), _| *attempt != spec.attempt);
-                }
-                return Ok(());
-            }
-            let live = self.inner.live_workers();
-            if let Some(gone) = missing.iter().find(|id| !live.contains(id)) {
-                return Err(TaskError::msg(format!(
-                    "worker {gone} was lost before it answered the job check"
-                )));
-            }
-            if self.status.cancel_requested() {
-                return Err(TaskError::Cancelled);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(TaskError::msg(format!(
-                    "workers {missing:?} did not answer the job check within {}s",
-                    JOB_CHECK_TIMEOUT.as_secs()
-                )));
-            }
-            jobs = self
-                .inner
-                .jobs_changed
-                .wait_timeout(jobs, (deadline - now).min(WAIT_STEP))
-                .map_err(|_| TaskError::Cancelled)?
-                .0;
-        }
+        cancelling.is_empty()
     }
-}
 
-struct ClusterDeployment {
-    inner: Arc<Inner>,
-    job_id: String,
-    attempt: u32,
-    workers: Vec<(u32, Writer)>,
-    infos: Vec<DeployedTask>,
-}
-
-impl Executor for ClusterExecutor {
-    fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError> {
-        let (slot_owner, workers) = self.reserve_slots(req.plan.slots_needed())?;
+    /// The deployment spec of attempt `req` on the reserved slots.
+    fn reserved(
+        &self,
+        req: &DeployRequest<'_>,
+        slot_owner: Vec<u32>,
+        workers: Vec<(u32, Arc<WorkerHandle>)>,
+    ) -> Result<Reserved, TaskError> {
         let descriptions = req.plan.task_descriptions(req.graph);
         let assignment: Vec<u32> = descriptions
             .iter()
@@ -1034,8 +1023,8 @@ impl Executor for ClusterExecutor {
             config_yaml: serde_norway::to_string(req.config)
                 .map_err(|e| TaskError::msg(format!("cannot encode the job configuration: {e}")))?,
             restore,
-            assignment: assignment.clone(),
-            deploy_mask: mask.clone(),
+            assignment,
+            deploy_mask: mask,
             workers: workers
                 .iter()
                 .map(|(id, h)| (*id, h.data_addr.clone()))
@@ -1047,28 +1036,177 @@ impl Executor for ClusterExecutor {
             .filter(|(id, _)| used.contains(id))
             .map(|(id, h)| (*id, h.writer.clone()))
             .collect();
-        self.check_workers(&spec, &writers)?;
-        if let Ok(mut jobs) = self.inner.jobs.lock() {
-            if let Some(j) = jobs.get_mut(&self.job_id) {
-                j.events = Some(req.events.clone());
-                j.attempts.insert(req.attempt, used.clone());
-            }
-        }
-        for (id, w) in &writers {
-            if !send(w, &ToWorker::Deploy(Box::new(spec.clone()))) {
+        Ok(Reserved {
+            spec,
+            writers,
+            used,
+            descriptions,
+        })
+    }
+
+    /// Asks every worker the attempt uses whether it can build the job and plans the same
+    /// graph, before anything is deployed.
+    fn send_job_check(&self, r: &Reserved) -> Result<(), TaskError> {
+        for (id, w) in &r.writers {
+            if !send(w, &ToWorker::CheckJob(Box::new(r.spec.clone()))) {
                 return Err(TaskError::msg(format!("worker {id} is unreachable")));
             }
         }
-        let infos = descriptions
+        Ok(())
+    }
+
+    /// The workers' answers to the job check sent at `sent`: ready when all can run the
+    /// attempt; a refusal fails the job at once (no restart can make a worker's binary have the
+    /// job).
+    fn job_check_answered(&self, r: &Reserved, sent: Instant) -> Poll<Result<(), TaskError>> {
+        let attempt = r.spec.attempt;
+        let Ok(mut jobs) = self.inner.jobs.lock() else {
+            return Poll::Ready(Err(TaskError::Cancelled));
+        };
+        let answers = jobs.get(&self.job_id).map(|j| &j.checks);
+        let mut missing = Vec::new();
+        for (id, _) in &r.writers {
+            match answers.and_then(|a| a.get(&(attempt, *id))) {
+                Some(Some(refusal)) => {
+                    return Poll::Ready(Err(TaskError::Unrecoverable(refusal.clone())))
+                }
+                Some(None) => {}
+                None => missing.push(*id),
+            }
+        }
+        if missing.is_empty() {
+            if let Some(j) = jobs.get_mut(&self.job_id) {
+                j.checks.retain(|(a, _), _| *a != attempt);
+            }
+            return Poll::Ready(Ok(()));
+        }
+        drop(jobs);
+        let live = self.inner.live_workers();
+        if let Some(gone) = missing.iter().find(|id| !live.contains(id)) {
+            return Poll::Ready(Err(TaskError::msg(format!(
+                "worker {gone} was lost before it answered the job check"
+            ))));
+        }
+        if sent.elapsed() >= JOB_CHECK_TIMEOUT {
+            return Poll::Ready(Err(TaskError::msg(format!(
+                "workers {missing:?} did not answer the job check within {}s",
+                JOB_CHECK_TIMEOUT.as_secs()
+            ))));
+        }
+        Poll::Pending
+    }
+
+    /// One step towards deploying `req`; see [`Executor::poll_ready`].
+    fn advance(&mut self, req: &DeployRequest<'_>) -> Poll<Result<(), TaskError>> {
+        let p = self
+            .preparing
+            .entry(req.attempt)
+            .or_insert_with(|| Preparing {
+                since: Instant::now(),
+                checked: None,
+                ready: false,
+            });
+        if p.ready {
+            return Poll::Ready(Ok(()));
+        }
+        if !self.cancellations_done() {
+            return Poll::Pending;
+        }
+        let Some(p) = self.preparing.get(&req.attempt) else {
+            return Poll::Pending;
+        };
+        if let Some((r, sent)) = &p.checked {
+            let answered = self.job_check_answered(r, *sent);
+            if let (Poll::Ready(Ok(())), Some(p)) =
+                (&answered, self.preparing.get_mut(&req.attempt))
+            {
+                p.ready = true;
+            }
+            return answered;
+        }
+        let since = p.since;
+        let (slot_owner, workers) = match self.try_reserve(req.plan.slots_needed()) {
+            Err(e) => return Poll::Ready(Err(e)),
+            Ok(Ok(reserved)) => reserved,
+            Ok(Err(shortage)) if since.elapsed() >= self.inner.opts.slot_wait => {
+                return Poll::Ready(Err(TaskError::msg(format!(
+                    "{shortage} (waited {:?}, --slot-wait)",
+                    self.inner.opts.slot_wait
+                ))))
+            }
+            Ok(Err(_)) => return Poll::Pending,
+        };
+        let reserved = match self.reserved(req, slot_owner, workers) {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        if let Err(e) = self.send_job_check(&reserved) {
+            return Poll::Ready(Err(e));
+        }
+        if let Some(p) = self.preparing.get_mut(&req.attempt) {
+            p.checked = Some((reserved, Instant::now()));
+        }
+        Poll::Pending
+    }
+}
+
+struct ClusterDeployment {
+    inner: Arc<Inner>,
+    job_id: String,
+    attempt: u32,
+    workers: Vec<(u32, Writer)>,
+    infos: Vec<DeployedTask>,
+    cancelling: Arc<Mutex<Vec<Cancelling>>>,
+}
+
+impl Executor for ClusterExecutor {
+    /// Waits for nothing: the slots, the workers' answers to the job check and the stop of
+    /// the attempts it replaces are looked at, and the master asks again later.
+    fn poll_ready(&mut self, req: &DeployRequest<'_>) -> Poll<Result<(), TaskError>> {
+        let poll = self.advance(req);
+        if let Poll::Ready(Err(_)) = poll {
+            self.preparing.remove(&req.attempt);
+        }
+        poll
+    }
+
+    fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError> {
+        let prepared = self
+            .preparing
+            .remove(&req.attempt)
+            .filter(|p| p.ready)
+            .and_then(|p| p.checked);
+        let Some((r, _)) = prepared else {
+            return Err(TaskError::msg(format!(
+                "attempt {} was deployed before it was ready",
+                req.attempt
+            )));
+        };
+        if let Ok(mut jobs) = self.inner.jobs.lock() {
+            if let Some(j) = jobs.get_mut(&self.job_id) {
+                j.events = Some(req.events.clone());
+                j.attempts.insert(req.attempt, r.used.clone());
+            }
+        }
+        for (id, w) in &r.writers {
+            if !send(w, &ToWorker::Deploy(Box::new(r.spec.clone()))) {
+                return Err(TaskError::msg(format!("worker {id} is unreachable")));
+            }
+        }
+        let assignment = &r.spec.assignment;
+        let mask = &r.spec.deploy_mask;
+        let infos = r
+            .descriptions
             .into_iter()
             .enumerate()
             .filter(|(task, _)| mask[*task])
             .map(|(task, d)| {
-                let writer = writers
+                let writer = r
+                    .writers
                     .iter()
                     .find(|(id, _)| *id == assignment[task])
                     .map(|(_, w)| w.clone())
-                    .unwrap_or_else(|| writers[0].1.clone());
+                    .unwrap_or_else(|| r.writers[0].1.clone());
                 DeployedTask {
                     info: TaskInfo {
                         index: task,
@@ -1087,16 +1225,38 @@ impl Executor for ClusterExecutor {
             })
             .collect();
         info!(
-            "job {}: attempt {} deployed on workers {used:?}",
-            self.job_id, req.attempt
+            "job {}: attempt {} deployed on workers {:?}",
+            self.job_id, req.attempt, r.used
         );
         Ok(Box::new(ClusterDeployment {
             inner: self.inner.clone(),
             job_id: self.job_id.clone(),
             attempt: req.attempt,
-            workers: writers,
+            workers: r.writers,
             infos,
+            cancelling: self.cancelling.clone(),
         }))
+    }
+
+    fn abandon(&mut self, attempt: u32) {
+        self.preparing.remove(&attempt);
+    }
+
+    /// Waits (up to [`CANCEL_WAIT`] each) until the workers confirmed that the cancelled
+    /// attempts stopped, so that the job's end is reported when nothing of it runs.
+    fn wait_stopped(&mut self) {
+        loop {
+            if self.cancellations_done() {
+                return;
+            }
+            let Ok(jobs) = self.inner.jobs.lock() else {
+                return;
+            };
+            let _ = self
+                .inner
+                .jobs_changed
+                .wait_timeout(jobs, Duration::from_millis(100));
+        }
     }
 }
 
@@ -1105,6 +1265,8 @@ impl Deployed for ClusterDeployment {
         &self.infos
     }
 
+    /// Tells the workers to cancel the attempt and returns: the next deployment of the job
+    /// (and its end) waits for their confirmations.
     fn cancel(self: Box<Self>) {
         for (_, w) in &self.workers {
             let _ = send(
@@ -1115,35 +1277,17 @@ impl Deployed for ClusterDeployment {
                 },
             );
         }
-        // Wait until every live worker stopped the attempt's subtasks, so that the next attempt
-        // never overlaps with this one.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let Ok(mut jobs) = self.inner.jobs.lock() else {
-            return;
-        };
-        loop {
-            let live = self.inner.live_workers();
-            let pending = self.workers.iter().any(|(id, _)| {
-                live.contains(id)
-                    && !jobs
-                        .get(&self.job_id)
-                        .is_some_and(|j| j.cancel_acks.contains(&(self.attempt, *id)))
-            });
-            let now = Instant::now();
-            if !pending || now >= deadline {
-                if let Some(j) = jobs.get_mut(&self.job_id) {
-                    j.attempts.remove(&self.attempt);
-                }
-                return;
+        if let Ok(mut jobs) = self.inner.jobs.lock() {
+            if let Some(j) = jobs.get_mut(&self.job_id) {
+                j.attempts.remove(&self.attempt);
             }
-            jobs = match self
-                .inner
-                .jobs_changed
-                .wait_timeout(jobs, (deadline - now).min(Duration::from_millis(100)))
-            {
-                Ok(g) => g.0,
-                Err(_) => return,
-            };
+        }
+        if let Ok(mut c) = self.cancelling.lock() {
+            c.push(Cancelling {
+                attempt: self.attempt,
+                workers: self.workers.iter().map(|(id, _)| *id).collect(),
+                until: Instant::now() + CANCEL_WAIT,
+            });
         }
     }
 

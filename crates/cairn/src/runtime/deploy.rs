@@ -3,6 +3,7 @@
 //! [`DataLinks`] — with channels to subtasks in other processes.
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -87,8 +88,22 @@ pub trait Deployed: Send {
 
 /// Runs the subtasks of attempts: in this process, or on workers.
 pub trait Executor: Send {
-    /// Deploys every subtask of an attempt.
+    /// Whether attempt `req` can be deployed now: `Pending` while it waits for something (slots,
+    /// workers' answers, the stop of the attempts it replaces), to be asked again later; an
+    /// error when it cannot be deployed. Never blocks, so the job master goes on handling
+    /// events, requests and deadlines meanwhile. In this process an attempt is always ready.
+    fn poll_ready(&mut self, req: &DeployRequest<'_>) -> Poll<Result<(), TaskError>> {
+        let _ = req;
+        Poll::Ready(Ok(()))
+    }
+    /// Deploys every subtask of an attempt [`poll_ready`](Executor::poll_ready) found ready.
     fn deploy(&mut self, req: &DeployRequest<'_>) -> Result<Box<dyn Deployed>, TaskError>;
+    /// Forgets attempt `attempt`, which was made ready (in part) but will not be deployed.
+    fn abandon(&mut self, attempt: u32) {
+        let _ = attempt;
+    }
+    /// Waits (bounded) until every cancelled attempt stopped; called when the job ends.
+    fn wait_stopped(&mut self) {}
 }
 
 /// Runs every subtask in this process (embedded mode).
@@ -515,16 +530,16 @@ pub(crate) struct Deployer<'a> {
 }
 
 impl Deployer<'_> {
-    /// Deploys the subtasks in `mask` (a region) as `attempt`, restored from `restored`.
-    pub(crate) fn deploy(
-        &self,
-        executor: &mut dyn Executor,
-        restored: Option<&LoadedCheckpoint>,
-        mask: &[bool],
+    /// The request to deploy the subtasks in `mask` (a region) as `attempt`, restored from
+    /// `restored`.
+    fn request<'r>(
+        &'r self,
+        restored: Option<&'r LoadedCheckpoint>,
+        mask: &'r [bool],
         attempt: u32,
         sources_stopped: bool,
-    ) -> Result<Box<dyn Deployed>, TaskError> {
-        let req = DeployRequest {
+    ) -> DeployRequest<'r> {
+        DeployRequest {
             graph: self.graph,
             plan: self.plan,
             config: self.config,
@@ -537,8 +552,32 @@ impl Deployer<'_> {
             metrics: self.metrics,
             tasks: Some(mask),
             sources_stopped,
-        };
-        executor.deploy(&req)
+        }
+    }
+
+    /// Whether the region in `mask` can be deployed as `attempt` now (see
+    /// [`Executor::poll_ready`]).
+    pub(crate) fn poll_ready(
+        &self,
+        executor: &mut dyn Executor,
+        restored: Option<&LoadedCheckpoint>,
+        mask: &[bool],
+        attempt: u32,
+        sources_stopped: bool,
+    ) -> Poll<Result<(), TaskError>> {
+        executor.poll_ready(&self.request(restored, mask, attempt, sources_stopped))
+    }
+
+    /// Deploys the subtasks in `mask` (a region) as `attempt`, restored from `restored`.
+    pub(crate) fn deploy(
+        &self,
+        executor: &mut dyn Executor,
+        restored: Option<&LoadedCheckpoint>,
+        mask: &[bool],
+        attempt: u32,
+        sources_stopped: bool,
+    ) -> Result<Box<dyn Deployed>, TaskError> {
+        executor.deploy(&self.request(restored, mask, attempt, sources_stopped))
     }
 }
 

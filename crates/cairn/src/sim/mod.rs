@@ -295,6 +295,17 @@ mod tests {
         finds(Planted::Master(MasterFlaw::StaleRestore), &Mode::ALL, 2_000);
     }
 
+    /// One deployment at a time: a restart waits while another deployment waits for the
+    /// executor.
+    #[test]
+    fn finds_a_restart_requested_during_a_deployment() {
+        finds(
+            Planted::Master(MasterFlaw::RestartsDuringDeployment),
+            &Mode::ALL,
+            5_000,
+        );
+    }
+
     /// A failure no restart can fix ends the job at once.
     #[test]
     fn finds_a_restart_after_an_unrecoverable_failure() {

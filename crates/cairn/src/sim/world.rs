@@ -345,7 +345,12 @@ enum Choice {
     Crash,
     /// A user asks for a savepoint.
     Savepoint(SavepointKind),
+    /// The executor is ready for the outstanding deployment, which is performed.
+    Deployment,
 }
+
+/// A deployment the master asked for: regions, checkpoint, sources stopped.
+type Deployment = (Vec<(usize, u32)>, Option<u64>, bool);
 
 pub(crate) struct World {
     cfg: Config,
@@ -398,6 +403,9 @@ pub(crate) struct World {
     instances: u64,
     /// Restarts of earlier processes (the current master counts its own).
     process_restarts: u32,
+    /// The deployment the master asked for and the executor is not ready for yet (waiting
+    /// for slots or workers, as the shell does): regions, checkpoint, sources stopped.
+    deployment: Option<Deployment>,
     finished: bool,
     /// The job's lifecycle as its status follows the job master, and the master state it
     /// last followed.
@@ -605,6 +613,7 @@ impl World {
             stopped_at: None,
             instances: 0,
             process_restarts: 0,
+            deployment: None,
             finished: false,
             lifecycle: Lifecycle::new(0),
             reported: JobState::Created,
@@ -659,6 +668,7 @@ impl World {
     fn start_process_from(&mut self, initial: Option<Vec<Snap>>) {
         self.uploads.clear();
         self.events.clear();
+        self.deployment = None;
         self.initial = initial;
         let min_next = self.files.keys().map(|k| k.0).max().unwrap_or(0) + 1;
         let coordinator = CheckpointCoordinator::new(
@@ -690,6 +700,12 @@ impl World {
         // A new run of the job: a new status.
         self.lifecycle = Lifecycle::new(self.now_ms);
         self.reported = JobState::Created;
+        if self.tasks.is_empty() {
+            self.tasks = (0..TASKS).map(|t| self.new_task(t, 0, None)).collect();
+            for t in &mut self.tasks {
+                t.gone = true;
+            }
+        }
         self.master.start();
         self.perform();
     }
@@ -714,8 +730,24 @@ impl World {
                     regions,
                     from,
                     sources_stopped,
-                } => self.deploy(&regions, from, sources_stopped),
+                } => {
+                    if self.deployment.is_some() {
+                        return self.violate(
+                            "a deployment was asked for while another was outstanding".into(),
+                        );
+                    }
+                    self.deployment = Some((regions, from, sources_stopped));
+                }
                 MasterAction::Cancel { regions } => {
+                    // As the shell: a cancel of regions not deployed yet drops their deployment.
+                    if self
+                        .deployment
+                        .as_ref()
+                        .is_some_and(|(d, _, _)| d.iter().any(|(r, _)| regions.contains(r)))
+                    {
+                        self.deployment = None;
+                        self.count("deployments abandoned before they were ready");
+                    }
                     for r in regions {
                         for t in self.regions[r].clone() {
                             if let Some(task) = self.tasks.get_mut(t) {
@@ -1779,12 +1811,18 @@ impl World {
         if !self.events.is_empty() {
             out.push(Choice::Master);
         }
+        // The executor takes its time (slots, workers' answers): failures land meanwhile.
+        if self.deployment.is_some() && self.rng.u32(0..8) == 0 {
+            out.push(Choice::Deployment);
+        }
     }
 
     /// A fault, if one is due: a task fails, a worker hosting some tasks is lost, or the
     /// process crashes.
     fn fault(&mut self) -> Option<Choice> {
-        if self.failure_budget == 0 || self.rng.u32(0..150) != 0 {
+        // Faults are likelier while a deployment waits, where they must abandon it.
+        let odds = if self.deployment.is_some() { 30 } else { 150 };
+        if self.failure_budget == 0 || self.rng.u32(0..odds) != 0 {
             return None;
         }
         self.failure_budget -= 1;
@@ -1937,6 +1975,12 @@ impl World {
             Choice::LoseWorker(hosted) => self.lose_worker(hosted),
             Choice::Crash => self.new_process("crashes"),
             Choice::Savepoint(kind) => self.request_savepoint(kind),
+            Choice::Deployment => {
+                if let Some((regions, from, stopped)) = self.deployment.take() {
+                    self.deploy(&regions, from, stopped);
+                    self.perform();
+                }
+            }
         }
         for t in 0..TASKS {
             if self.tasks[t].gate.deadline().is_some_and(|d| d <= now.at) && self.runnable(t) {
@@ -2312,6 +2356,13 @@ impl World {
                     "key {k} seen {n} times, committed counts {counts:?}"
                 ));
             }
+        }
+        // At least once, a checkpoint's state may hold records read after its sources'
+        // positions; a drained stop restored from such a state ends the input at those
+        // positions, after records whose effect the state already holds.
+        if self.cfg.mode == Mode::AtLeastOnce {
+            let generated: BTreeSet<u64> = self.generated.iter().flatten().copied().collect();
+            seen.retain(|k, _| !generated.contains(k));
         }
         if let Some(k) = seen.keys().next() {
             let k = *k;

@@ -104,6 +104,9 @@ pub(crate) enum MasterFlaw {
     StaleRestore,
     /// An unrecoverable task failure is restarted like any other (into the same failure).
     RestartsUnrecoverable,
+    /// A restart whose backoff passed is requested while another deployment is still
+    /// outstanding (the shell performs one deployment at a time).
+    RestartsDuringDeployment,
 }
 
 /// A subtask index that runs in no attempt: its events are stale.
@@ -362,6 +365,7 @@ impl MasterCore {
         if self.outcome.is_some() {
             return;
         }
+        self.deploying = None;
         self.cancel_all();
         if !retain_checkpoints {
             if let Some(c) = &mut self.coordinator {
@@ -375,7 +379,12 @@ impl MasterCore {
     /// Time passed: a restart whose backoff passed is requested, the end of the job is
     /// detected, checkpoints are triggered and timed out.
     pub(crate) fn poll(&mut self, now: Instant) {
-        if self.outcome.is_some() || self.deploying.is_some() {
+        #[cfg(test)]
+        let deploying =
+            self.deploying.is_some() && self.flaw != Some(MasterFlaw::RestartsDuringDeployment);
+        #[cfg(not(test))]
+        let deploying = self.deploying.is_some();
+        if self.outcome.is_some() || deploying {
             return;
         }
         if self.restart.as_ref().is_some_and(|r| now >= r.at) {
@@ -575,10 +584,11 @@ impl MasterCore {
         #[cfg(test)]
         let unrecoverable = unrecoverable && self.flaw != Some(MasterFlaw::RestartsUnrecoverable);
         let all: BTreeSet<usize> = (0..self.regions.len()).collect();
-        let scope = match failure.regions {
+        let mut scope = match failure.regions {
             Some(r) if self.region_failover && !self.end_sent && checkpointing => r,
             _ => all.clone(),
         };
+        self.abandon_deployment(&mut scope);
         let cause = failure.cause;
         let kind = failure.kind;
         if self.exceptions.len() == EXCEPTIONS_MAX {
@@ -727,6 +737,21 @@ impl MasterCore {
             from,
             sources_stopped,
         });
+    }
+
+    /// A failure whose `scope` touches the regions of the outstanding deployment abandons
+    /// it: they join the scope (cancelled, restarted with the others) and a later
+    /// [`MasterCore::deployed`] is ignored. The shell drops a deployment it has not performed
+    /// yet when it is told to cancel its regions, and cancels one it performed.
+    fn abandon_deployment(&mut self, scope: &mut BTreeSet<usize>) {
+        let Some(deploying) = &self.deploying else {
+            return;
+        };
+        if deploying.iter().any(|(r, _)| scope.contains(r)) {
+            scope.extend(deploying.iter().map(|&(r, _)| r));
+            self.deploying = None;
+            self.deploying_stopped = false;
+        }
     }
 
     fn running_attempts(&self) -> Vec<u32> {

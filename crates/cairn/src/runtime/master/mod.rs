@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -91,7 +92,20 @@ pub(crate) struct JobMaster<'a> {
     tasks: Vec<Option<DeployedTask>>,
     reported_state: JobState,
     last_progress: Instant,
+    /// The deployment the core asked for that the executor is not ready for yet.
+    pending: Option<PendingDeploy>,
 }
+
+/// A redeployment waiting for the executor (slots, workers' answers, the stop of the attempts
+/// it replaces): the loop asks again every [`DEPLOY_POLL`] and handles everything else
+/// meanwhile.
+struct PendingDeploy {
+    regions: Vec<(usize, u32)>,
+    sources_stopped: bool,
+}
+
+/// How often the loop asks the executor again about a pending deployment.
+const DEPLOY_POLL: Duration = Duration::from_millis(20);
 
 impl<'a> JobMaster<'a> {
     /// Deploys every region. A deployment failure here is a setup error, not a restart.
@@ -123,6 +137,7 @@ impl<'a> JobMaster<'a> {
             tasks: vec![None; total],
             reported_state: JobState::Created,
             last_progress: Instant::now(),
+            pending: None,
         };
         // The sinks were initialized when the job was prepared (`job::prepare_job`).
         master.core.start();
@@ -131,8 +146,9 @@ impl<'a> JobMaster<'a> {
                 "the job master did not deploy the job".into(),
             ));
         };
+        let ready = master.wait_until_ready(&regions);
         let now = Instant::now();
-        match master.deploy(&regions, false) {
+        match ready.and_then(|()| master.deploy(&regions, false)) {
             Ok(infos) if infos.len() == total => master.core.deployed(infos, now),
             Ok(_) => {
                 master.cancel(&(0..master.regions.len()).collect::<Vec<_>>());
@@ -168,7 +184,12 @@ impl<'a> JobMaster<'a> {
             if let Some(outcome) = self.core.outcome().cloned() {
                 return self.end(outcome);
             }
-            let idle = now + IDLE_WAKE;
+            let idle = now
+                + if self.pending.is_some() {
+                    DEPLOY_POLL
+                } else {
+                    IDLE_WAKE
+                };
             let wake = self.core.next_wake(now).map_or(idle, |w| w.min(idle));
             // A savepoint, stop or cancel request wakes the loop at once.
             crossbeam_channel::select! {
@@ -188,33 +209,10 @@ impl<'a> JobMaster<'a> {
 
     /// Performs the core's actions, and what they lead to, until there are none.
     fn perform(&mut self, now: Instant) {
-        while let Some(action) = self.core.next_action() {
-            match action {
-                MasterAction::Deploy {
-                    regions,
-                    from,
-                    sources_stopped,
-                } => match self.redeploy(&regions, from, sources_stopped) {
-                    Ok(infos) => self.core.deployed(infos, now),
-                    // A cancel interrupted the deployment (a wait for slots).
-                    Err(_) if self.status.cancel_requested() => self
-                        .core
-                        .cancel(self.deployer.config.retain_on_cancellation),
-                    Err(e) => {
-                        let unrecoverable = matches!(e, TaskError::Unrecoverable(_));
-                        self.core.on_job_failure(e.to_string(), unrecoverable, now)
-                    }
-                },
-                MasterAction::Cancel { regions } => self.cancel(&regions),
-                MasterAction::Message { task, message } => self.send(
-                    task,
-                    match message {
-                        TaskMessage::Trigger(b, kind) => Mail::TriggerCheckpoint(b, kind),
-                        TaskMessage::Complete(id) => Mail::CheckpointComplete(id),
-                        TaskMessage::Aborted(id) => Mail::CheckpointAborted(id),
-                    },
-                ),
-                MasterAction::EndOfInput { task } => self.send(task, Mail::EndOfInput),
+        loop {
+            self.perform_actions(now);
+            if !self.advance_deployment(now) {
+                break;
             }
         }
         for (request_id, outcome) in self.core.drain_savepoint_outcomes() {
@@ -231,6 +229,49 @@ impl<'a> JobMaster<'a> {
             self.status.savepoint_ended(&request_id, state);
         }
         self.sync_state();
+    }
+
+    /// Performs the core's actions until there are none; a deployment becomes pending.
+    fn perform_actions(&mut self, now: Instant) {
+        while let Some(action) = self.core.next_action() {
+            match action {
+                MasterAction::Deploy {
+                    regions,
+                    from,
+                    sources_stopped,
+                } => {
+                    self.abandon_pending();
+                    match self.restore_regions(&regions, from) {
+                        Ok(()) => {
+                            self.pending = Some(PendingDeploy {
+                                regions,
+                                sources_stopped,
+                            })
+                        }
+                        Err(e) => self.deployment_failed(e, now),
+                    }
+                }
+                MasterAction::Cancel { regions } => {
+                    if self
+                        .pending
+                        .as_ref()
+                        .is_some_and(|p| p.regions.iter().any(|(r, _)| regions.contains(r)))
+                    {
+                        self.abandon_pending();
+                    }
+                    self.cancel(&regions)
+                }
+                MasterAction::Message { task, message } => self.send(
+                    task,
+                    match message {
+                        TaskMessage::Trigger(b, kind) => Mail::TriggerCheckpoint(b, kind),
+                        TaskMessage::Complete(id) => Mail::CheckpointComplete(id),
+                        TaskMessage::Aborted(id) => Mail::CheckpointAborted(id),
+                    },
+                ),
+                MasterAction::EndOfInput { task } => self.send(task, Mail::EndOfInput),
+            }
+        }
     }
 
     /// Hands the commands requested from outside (savepoints) to the core.
@@ -261,14 +302,14 @@ impl<'a> JobMaster<'a> {
         }
     }
 
-    /// Redeploys regions after a failure, from checkpoint `from` (read back from storage, so a
-    /// restore is exactly what a new process would see) or from what the run started with.
-    fn redeploy(
+    /// Prepares regions for their redeployment after a failure: reads checkpoint `from` back
+    /// (from storage, so a restore is exactly what a new process would see; None: what the run
+    /// started with) and initializes their sinks from it.
+    fn restore_regions(
         &mut self,
         regions: &[(usize, u32)],
         from: Option<u64>,
-        sources_stopped: bool,
-    ) -> Result<Vec<TaskInfo>, TaskError> {
+    ) -> Result<(), TaskError> {
         if let Some(id) = from {
             let storage = self.deployer.storage;
             let loaded =
@@ -298,11 +339,111 @@ impl<'a> JobMaster<'a> {
             self.restored.as_ref(),
             in_scope,
         )
-        .map_err(|e| TaskError::msg(e.to_string()))?;
-        self.deploy(regions, sources_stopped).map_err(|e| match e {
-            TaskError::Unrecoverable(e) => TaskError::Unrecoverable(e),
-            e => TaskError::msg(format!("the job could not be redeployed: {e}")),
-        })
+        .map_err(|e| TaskError::msg(e.to_string()))
+    }
+
+    /// Whether every region of `regions` is ready to deploy: the executor's answer for the
+    /// first one that is not.
+    fn poll_ready(
+        &mut self,
+        regions: &[(usize, u32)],
+        sources_stopped: bool,
+    ) -> Poll<Result<(), TaskError>> {
+        let total = self.tasks.len();
+        for &(r, attempt) in regions {
+            let mask = region_mask(&self.regions[r], total);
+            match self.deployer.poll_ready(
+                self.executor,
+                self.restored.as_ref(),
+                &mask,
+                attempt,
+                sources_stopped,
+            ) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Asks the executor about the pending deployment and performs it once every region is
+    /// ready. Returns whether the core has news (deployed, or the deployment failed).
+    fn advance_deployment(&mut self, now: Instant) -> bool {
+        let Some(p) = self.pending.take() else {
+            return false;
+        };
+        match self.poll_ready(&p.regions, p.sources_stopped) {
+            Poll::Pending => {
+                self.pending = Some(p);
+                false
+            }
+            Poll::Ready(Err(e)) => {
+                for &(_, attempt) in &p.regions {
+                    self.executor.abandon(attempt);
+                }
+                self.deployment_failed(e, now);
+                true
+            }
+            Poll::Ready(Ok(())) => {
+                match self.deploy(&p.regions, p.sources_stopped) {
+                    Ok(infos) => self.core.deployed(infos, now),
+                    Err(e) => {
+                        let failed: Vec<usize> = p.regions.iter().map(|&(r, _)| r).collect();
+                        self.cancel(&failed);
+                        self.deployment_failed(
+                            match e {
+                                TaskError::Unrecoverable(e) => TaskError::Unrecoverable(e),
+                                e => {
+                                    TaskError::msg(format!("the job could not be redeployed: {e}"))
+                                }
+                            },
+                            now,
+                        )
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// A redeployment failed: a failure of the job (restarted, or ending it), unless a cancel
+    /// interrupted it.
+    fn deployment_failed(&mut self, e: TaskError, now: Instant) {
+        if self.status.cancel_requested() {
+            self.core
+                .cancel(self.deployer.config.retain_on_cancellation);
+            return;
+        }
+        let unrecoverable = matches!(e, TaskError::Unrecoverable(_));
+        self.core.on_job_failure(e.to_string(), unrecoverable, now);
+    }
+
+    /// Drops the pending deployment, if any: its regions were cancelled.
+    fn abandon_pending(&mut self) {
+        if let Some(p) = self.pending.take() {
+            for &(_, attempt) in &p.regions {
+                self.executor.abandon(attempt);
+            }
+        }
+    }
+
+    /// The first deployment: waits until the executor is ready (nothing else runs yet), or a
+    /// cancel.
+    fn wait_until_ready(&mut self, regions: &[(usize, u32)]) -> Result<(), TaskError> {
+        loop {
+            match self.poll_ready(regions, false) {
+                Poll::Ready(r) => return r,
+                Poll::Pending if self.status.cancel_requested() => {
+                    for &(_, attempt) in regions {
+                        self.executor.abandon(attempt);
+                    }
+                    return Err(TaskError::Cancelled);
+                }
+                Poll::Pending => {
+                    let _ = self.nudges.recv_timeout(DEPLOY_POLL);
+                }
+            }
+        }
     }
 
     /// Deploys `regions`, each as its attempt; returns their subtasks.
@@ -375,6 +516,10 @@ impl<'a> JobMaster<'a> {
     /// The job ended: joins or cancels what runs and reports how it went.
     fn end(mut self, outcome: Outcome) -> Result<Finished, JobError> {
         self.perform(Instant::now());
+        self.abandon_pending();
+        if outcome != Outcome::Finished {
+            self.executor.wait_stopped();
+        }
         match outcome {
             Outcome::Finished => {
                 let finished = self.finish_and_join();
