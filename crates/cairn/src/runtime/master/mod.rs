@@ -241,7 +241,7 @@ impl<'a> JobMaster<'a> {
                     sources_stopped,
                 } => {
                     self.abandon_pending();
-                    match self.restore_regions(&regions, from) {
+                    match self.load_restored(&regions, from) {
                         Ok(()) => {
                             self.pending = Some(PendingDeploy {
                                 regions,
@@ -302,10 +302,10 @@ impl<'a> JobMaster<'a> {
         }
     }
 
-    /// Prepares regions for their redeployment after a failure: reads checkpoint `from` back
-    /// (from storage, so a restore is exactly what a new process would see; None: what the run
-    /// started with) and initializes their sinks from it.
-    fn restore_regions(
+    /// Reads checkpoint `from` back for a redeployment of `regions` after a failure (from
+    /// storage, so a restore is exactly what a new process would see; None: what the run
+    /// started with).
+    fn load_restored(
         &mut self,
         regions: &[(usize, u32)],
         from: Option<u64>,
@@ -327,6 +327,13 @@ impl<'a> JobMaster<'a> {
             ),
             None => info!("restarting regions {scope:?} without state (no checkpoint completed)"),
         }
+        Ok(())
+    }
+
+    /// Initializes the sinks of `regions` from the restored checkpoint: once the executor is
+    /// ready, so the attempts they replace have stopped writing.
+    fn init_region_sinks(&self, regions: &[(usize, u32)]) -> Result<(), TaskError> {
+        let scope: BTreeSet<usize> = regions.iter().map(|&(r, _)| r).collect();
         let plan = self.deployer.plan;
         let region_of = |task: usize| self.regions.iter().position(|r| r.contains(&task));
         let in_scope = |node: usize| {
@@ -385,7 +392,10 @@ impl<'a> JobMaster<'a> {
                 true
             }
             Poll::Ready(Ok(())) => {
-                match self.deploy(&p.regions, p.sources_stopped) {
+                let deployed = self
+                    .init_region_sinks(&p.regions)
+                    .and_then(|()| self.deploy(&p.regions, p.sources_stopped));
+                match deployed {
                     Ok(infos) => self.core.deployed(infos, now),
                     Err(e) => {
                         let failed: Vec<usize> = p.regions.iter().map(|&(r, _)| r).collect();
