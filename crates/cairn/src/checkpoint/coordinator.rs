@@ -10,8 +10,13 @@
 //!
 //! Time is an input (`now` on every call) and messages to subtasks are outputs
 //! ([`CheckpointCoordinator::drain_messages`]): the job master delivers them on the control
-//! path, the simulation delivers them whenever its schedule says. The only effects the
-//! coordinator has itself are on the checkpoint storage it is given.
+//! path, the simulation delivers them whenever its schedule says. Its storage work is an
+//! output too ([`CheckpointCoordinator::drain_storage`]): writing `_metadata` (and a savepoint's
+//! copy) and deleting what is no longer retained are [`StorageTask`]s the caller runs off its
+//! thread, in order; a checkpoint whose acknowledgements are all in is *finalizing* until
+//! [`CheckpointCoordinator::on_finalized`] reports its `_metadata` written, and only then
+//! complete. Finalizing checkpoints count as in flight and are never aborted: their
+//! `_metadata` may be on storage already.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -60,6 +65,129 @@ struct ClaimedSnapshot {
     /// Checkpoints completed since the job started from it.
     newer: u32,
     dispose: DisposeFn,
+}
+
+/// Storage work of the coordinator, run by its caller off the job master's thread, one at a
+/// time and in the order queued.
+pub struct StorageTask(StorageWork);
+
+enum StorageWork {
+    /// Writes checkpoint `id`'s `_metadata`, which completes it; for a savepoint, copies its
+    /// files into the savepoint's directory and writes its `_metadata` there first (and for a
+    /// stop-with-savepoint the job's `_metadata` after).
+    Finalize {
+        id: u64,
+        storage: Arc<dyn CheckpointStorage>,
+        meta: Arc<CheckpointMetadata>,
+        savepoint: Option<SavepointTarget>,
+    },
+    /// Deletes what is no longer retained (a checkpoint directory, unreferenced shared files,
+    /// a claimed snapshot).
+    Cleanup(Box<dyn FnOnce() + Send>),
+}
+
+/// Where a savepoint is written.
+struct SavepointTarget {
+    target: Arc<dyn CheckpointStorage>,
+    dir: String,
+    stop: bool,
+}
+
+/// A finalization's result, for [`CheckpointCoordinator::on_finalized`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finalized {
+    /// The checkpoint.
+    pub id: u64,
+    /// Its `_metadata` is written, or why not.
+    pub result: Result<(), String>,
+}
+
+impl StorageTask {
+    /// Runs the work; a finalization's result is for [`CheckpointCoordinator::on_finalized`].
+    pub fn run(self) -> Option<Finalized> {
+        match self.0 {
+            StorageWork::Finalize {
+                id,
+                storage,
+                meta,
+                savepoint,
+            } => Some(Finalized {
+                id,
+                result: finalize(storage.as_ref(), &meta, savepoint.as_ref()),
+            }),
+            StorageWork::Cleanup(f) => {
+                f();
+                None
+            }
+        }
+    }
+
+    /// Whether it writes a `_metadata` (the simulation may crash the process there).
+    pub fn is_finalize(&self) -> bool {
+        matches!(self.0, StorageWork::Finalize { .. })
+    }
+}
+
+impl std::fmt::Debug for StorageTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            StorageWork::Finalize { id, .. } => write!(f, "Finalize({id})"),
+            StorageWork::Cleanup(_) => write!(f, "Cleanup"),
+        }
+    }
+}
+
+/// Writes a checkpoint's `_metadata` (after a savepoint's copy, see [`StorageWork::Finalize`]).
+fn finalize(
+    storage: &dyn CheckpointStorage,
+    meta: &CheckpointMetadata,
+    savepoint: Option<&SavepointTarget>,
+) -> Result<(), String> {
+    let Some(sp) = savepoint else {
+        return write_metadata(storage, meta);
+    };
+    write_savepoint(storage, &meta.job_id, meta, sp.target.as_ref(), &sp.dir)?;
+    if sp.stop {
+        if let Err(reason) = write_metadata(storage, meta) {
+            // Without the checkpoint nothing may be committed: the stop fails as a whole.
+            let _ = sp.target.delete(&sp.dir);
+            return Err(reason);
+        }
+    }
+    Ok(())
+}
+
+/// Writes checkpoint `meta`'s `_metadata`, which completes it.
+fn write_metadata(
+    storage: &dyn CheckpointStorage,
+    meta: &CheckpointMetadata,
+) -> Result<(), String> {
+    let bytes = encode(FileKind::Metadata, meta).map_err(|e| e.to_string())?;
+    storage
+        .write_atomic(&metadata_path(&meta.job_id, meta.checkpoint_id), &bytes)
+        .map_err(|e| e.to_string())
+}
+
+/// Removes a checkpoint directory. An upload of an aborted checkpoint may still be adding a
+/// file while it is removed; it tries a few times (a late acknowledgement removes it again).
+fn remove_checkpoint_dir(storage: &dyn CheckpointStorage, job_id: &str, id: u64) {
+    let path = checkpoint_dir(job_id, id);
+    let mut last = None;
+    for _ in 0..3 {
+        match storage.delete(&path) {
+            Ok(()) => return,
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Some(e) = last {
+        debug!("cannot remove checkpoint {id} yet: {e}");
+    }
+}
+
+/// A checkpoint whose acknowledgements are all in, while its `_metadata` is written.
+struct Finalizing {
+    meta: Arc<CheckpointMetadata>,
+    savepoint: Option<SavepointRequest>,
 }
 
 /// One subtask as the coordinator sees it.
@@ -162,6 +290,9 @@ pub struct CheckpointCoordinator {
     attempts: Vec<u32>,
     tasks: Vec<TaskInfo>,
     pending: BTreeMap<u64, Pending>,
+    finalizing: BTreeMap<u64, Finalizing>,
+    /// Storage work not yet taken by the caller, in order.
+    storage_tasks: Vec<StorageTask>,
     retained: VecDeque<u64>,
     last_trigger: Option<Instant>,
     last_completion: Option<Instant>,
@@ -233,6 +364,8 @@ impl CheckpointCoordinator {
             attempts: Vec::new(),
             tasks: Vec::new(),
             pending: BTreeMap::new(),
+            finalizing: BTreeMap::new(),
+            storage_tasks: Vec::new(),
             retained: VecDeque::new(),
             last_trigger: None,
             last_completion: None,
@@ -279,12 +412,44 @@ impl CheckpointCoordinator {
     pub fn delete_checkpoints(&mut self) {
         self.retained.clear();
         self.dispose_claimed();
-        for name in self.storage.list(&self.job_id).unwrap_or_default() {
-            if let Some(id) = parse_checkpoint_dir(&name) {
-                self.remove_dir(id);
+        let (storage, job_id) = (self.storage.clone(), self.job_id.clone());
+        self.cleanup(move || {
+            for name in storage.list(&job_id).unwrap_or_default() {
+                if let Some(id) = parse_checkpoint_dir(&name) {
+                    remove_checkpoint_dir(storage.as_ref(), &job_id, id);
+                }
+            }
+        });
+        self.collect_shared_garbage(u64::MAX);
+    }
+
+    fn cleanup(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.storage_tasks
+            .push(StorageTask(StorageWork::Cleanup(Box::new(f))));
+    }
+
+    /// Takes the storage work queued so far, to run in this order off the caller's thread.
+    pub fn drain_storage(&mut self) -> Vec<StorageTask> {
+        std::mem::take(&mut self.storage_tasks)
+    }
+
+    /// Runs the storage work queued so far on this thread and reports the finalizations (at
+    /// a job's start, before anything runs; and in tests). Returns the checkpoints completed.
+    pub fn run_storage_now(&mut self, now: Instant) -> Result<Vec<u64>, TooManyFailures> {
+        let mut done = Vec::new();
+        while !self.storage_tasks.is_empty() {
+            for task in self.drain_storage() {
+                if let Some(f) = task.run() {
+                    done.extend(self.on_finalized(f, now)?);
+                }
             }
         }
-        self.collect_shared_garbage(u64::MAX);
+        Ok(done)
+    }
+
+    /// Checkpoints whose `_metadata` is being written.
+    pub fn finalizing_count(&self) -> usize {
+        self.finalizing.len()
     }
 
     /// Deletes the files of `<job>/shared/` that no retained checkpoint references and that
@@ -300,58 +465,16 @@ impl CheckpointCoordinator {
         } else {
             upto
         };
-        let dir = shared_dir(&self.job_id);
-        let names = match self.storage.list(&dir) {
-            Ok(names) if !names.is_empty() => names,
-            _ => return,
-        };
-        let mut referenced: HashSet<String> = HashSet::new();
-        for &id in &self.retained {
-            match self.retained_metadata(id) {
-                Ok(meta) => referenced.extend(meta.shared_files.iter().cloned()),
-                Err(e) => {
-                    warn!("keeping every shared file: cannot read checkpoint {id}: {e}");
-                    return;
-                }
-            }
-        }
-        if upto == u64::MAX {
-            for name in self.storage.list(&self.job_id).unwrap_or_default() {
-                let Some(id) = parse_checkpoint_dir(&name) else {
-                    continue;
-                };
-                if let Ok(meta) = read_metadata(self.storage.as_ref(), &self.job_id, id) {
-                    referenced.extend(meta.shared_files);
-                }
-            }
-        }
-        let mut deleted = 0usize;
-        for name in names {
-            let path = format!("{dir}/{name}");
-            if referenced.contains(&path) {
-                continue;
-            }
-            if shared_file_checkpoint(&name).is_some_and(|c| c <= upto) {
-                match self.storage.delete(&path) {
-                    Ok(()) => deleted += 1,
-                    Err(e) => debug!("cannot delete {path} yet: {e}"),
-                }
-            }
-        }
-        if deleted > 0 {
-            debug!(
-                deleted,
-                "deleted shared files no retained checkpoint references"
-            );
-        }
-    }
-
-    /// The `_metadata` of retained checkpoint `id`.
-    fn retained_metadata(&self, id: u64) -> Result<Arc<CheckpointMetadata>, String> {
-        if let Some(c) = self.completed.iter().find(|c| c.id == id) {
-            return Ok(c.metadata.clone());
-        }
-        read_metadata(self.storage.as_ref(), &self.job_id, id).map(Arc::new)
+        let retained: Vec<(u64, Option<Arc<CheckpointMetadata>>)> = self
+            .retained
+            .iter()
+            .map(|&id| {
+                let known = self.completed.iter().find(|c| c.id == id);
+                (id, known.map(|c| c.metadata.clone()))
+            })
+            .collect();
+        let (storage, job_id) = (self.storage.clone(), self.job_id.clone());
+        self.cleanup(move || collect_shared_garbage(storage.as_ref(), &job_id, &retained, upto));
     }
 
     /// Fails every savepoint not taken yet (the job is ending, or cannot take one now).
@@ -369,10 +492,17 @@ impl CheckpointCoordinator {
 
     /// The stop-with-savepoint in flight, if any.
     pub fn stop_in_flight(&self) -> Option<u64> {
-        self.pending
+        let pending = self
+            .pending
             .values()
             .find(|p| p.savepoint.as_ref().is_some_and(|s| s.stop))
-            .map(|p| p.barrier.id)
+            .map(|p| p.barrier.id);
+        pending.or_else(|| {
+            self.finalizing
+                .iter()
+                .find(|(_, f)| f.savepoint.as_ref().is_some_and(|s| s.stop))
+                .map(|(id, _)| *id)
+        })
     }
 
     /// Wall-clock milliseconds since the Unix epoch at `now`.
@@ -413,10 +543,10 @@ impl CheckpointCoordinator {
 
     fn dispose_claimed(&mut self) {
         if let Some(c) = self.claimed.take() {
-            match (c.dispose)() {
+            self.cleanup(move || match (c.dispose)() {
                 Ok(()) => info!("deleted the claimed snapshot {}", c.location),
                 Err(e) => warn!("cannot delete the claimed snapshot {}: {e}", c.location),
-            }
+            });
         }
     }
 
@@ -466,12 +596,12 @@ impl CheckpointCoordinator {
 
     /// Number of checkpoints in flight.
     pub fn pending_count(&self) -> usize {
-        self.pending.len()
+        self.pending.len() + self.finalizing.len()
     }
 
     /// Whether another checkpoint may start now (fewer than max-concurrent in flight).
     pub fn has_room(&self) -> bool {
-        self.pending.len() < self.settings.max_concurrent as usize
+        self.pending_count() < self.settings.max_concurrent as usize
     }
 
     /// When the next periodic trigger is due.
@@ -492,10 +622,11 @@ impl CheckpointCoordinator {
     /// than max-concurrent are in flight; a requested savepoint goes first, except in front of
     /// the final checkpoint. Returns its id.
     pub fn maybe_trigger(&mut self, now: Instant, force: bool) -> Option<u64> {
-        if self.tasks.is_empty() || self.pending.len() >= self.settings.max_concurrent as usize {
+        if self.tasks.is_empty() || !self.has_room() {
             return None;
         }
-        if self.pending.values().any(|p| p.savepoint.is_some()) {
+        let savepoint_finalizing = self.finalizing.values().any(|f| f.savepoint.is_some());
+        if savepoint_finalizing || self.pending.values().any(|p| p.savepoint.is_some()) {
             // Nothing overtakes a savepoint: a newer barrier would subsume it at the subtasks.
             return None;
         }
@@ -662,86 +793,89 @@ impl CheckpointCoordinator {
         Ok(())
     }
 
-    fn remove_dir(&self, id: u64) {
-        // An upload of an aborted checkpoint may still be adding a file while the directory is
-        // removed; try again a few times (a late acknowledgement removes it again anyway).
-        let path = checkpoint_dir(&self.job_id, id);
-        let mut last = None;
-        for _ in 0..3 {
-            match self.storage.delete(&path) {
-                Ok(()) => return,
-                Err(e) => last = Some(e),
-            }
-        }
-        if let Some(e) = last {
-            debug!("cannot remove checkpoint {id} yet: {e}");
-        }
+    fn remove_dir(&mut self, id: u64) {
+        let (storage, job_id) = (self.storage.clone(), self.job_id.clone());
+        self.cleanup(move || remove_checkpoint_dir(storage.as_ref(), &job_id, id));
     }
 
+    /// Checkpoints every subtask acknowledged, in id order, start finalizing: their
+    /// `_metadata` is queued for writing. None completes here.
     fn complete_ready(&mut self, now: Instant) -> Result<Vec<u64>, TooManyFailures> {
-        let mut done = Vec::new();
         while let Some(entry) = self.pending.first_entry() {
             if entry.get().remaining > 0 {
                 break;
             }
             let mut p = entry.remove();
             let id = p.barrier.id;
-            if let Some(sp) = p.savepoint.take() {
-                if self.complete_savepoint(p, sp, now) {
-                    done.push(id);
-                }
-                continue;
-            }
-            match self.finalize(p, now) {
-                Ok(meta) => {
-                    self.completed_checkpoint(meta, now);
-                    done.push(id);
-                }
+            let savepoint = p.savepoint.take();
+            let meta = match self.metadata_of(p, now) {
+                Ok(meta) => Arc::new(meta),
                 Err(reason) => {
-                    // The metadata could not be written: the checkpoint does not exist.
-                    self.abort(id, &reason, now)?;
+                    match savepoint {
+                        Some(sp) => {
+                            self.savepoint_not_written(id, sp, reason);
+                        }
+                        None => self.abort(id, &reason, now)?,
+                    }
+                    continue;
                 }
-            }
+            };
+            self.storage_tasks.push(StorageTask(StorageWork::Finalize {
+                id,
+                storage: self.storage.clone(),
+                meta: meta.clone(),
+                savepoint: savepoint.as_ref().map(|sp| SavepointTarget {
+                    target: sp.target.clone(),
+                    dir: sp.dir.clone(),
+                    stop: sp.stop,
+                }),
+            }));
+            self.finalizing.insert(id, Finalizing { meta, savepoint });
         }
-        Ok(done)
+        Ok(Vec::new())
     }
 
-    fn finalize(&self, p: Pending, now: Instant) -> Result<CheckpointMetadata, String> {
-        let meta = self.metadata_of(p, now)?;
-        self.write_metadata(&meta)?;
-        Ok(meta)
-    }
-
-    /// Writes checkpoint `meta`'s `_metadata`, which completes it.
-    fn write_metadata(&self, meta: &CheckpointMetadata) -> Result<(), String> {
-        let bytes = encode(FileKind::Metadata, meta).map_err(|e| e.to_string())?;
-        self.storage
-            .write_atomic(&metadata_path(&self.job_id, meta.checkpoint_id), &bytes)
-            .map_err(|e| e.to_string())
-    }
-
-    /// Every subtask acknowledged savepoint `p`: its files are copied into its own directory
-    /// and its `_metadata` written there last. An intermediate savepoint's job copy goes and
-    /// nothing is committed (failover restores from checkpoints, which must not find output
-    /// committed after them). A stop-with-savepoint commits the sinks' output, so it also stays
-    /// a completed checkpoint of the job (written before the savepoint and before the commit):
-    /// a failure or crash before the job finished restores from it, not from an older one.
-    fn complete_savepoint(&mut self, p: Pending, sp: SavepointRequest, now: Instant) -> bool {
-        let id = p.barrier.id;
-        let meta = match self.metadata_of(p, now) {
-            Ok(meta) => meta,
-            Err(reason) => return self.savepoint_not_written(id, sp, reason),
+    /// The storage task finalizing a checkpoint ended: with its `_metadata` written it is
+    /// complete (subtasks are told to commit), else it is aborted. Returns the checkpoints
+    /// completed.
+    pub fn on_finalized(
+        &mut self,
+        finalized: Finalized,
+        now: Instant,
+    ) -> Result<Vec<u64>, TooManyFailures> {
+        let id = finalized.id;
+        let Some(f) = self.finalizing.remove(&id) else {
+            return Ok(Vec::new());
         };
-        if let Err(reason) = write_savepoint(self.storage.as_ref(), &self.job_id, &meta, &sp) {
-            return self.savepoint_not_written(id, sp, reason);
-        }
-        if sp.stop {
-            if let Err(reason) = self.write_metadata(&meta) {
-                // Without the checkpoint nothing may be committed: the stop fails as a whole.
-                let _ = sp.target.delete(&sp.dir);
-                return self.savepoint_not_written(id, sp, reason);
+        let done = match (f.savepoint, finalized.result) {
+            (Some(sp), Ok(())) => self.savepoint_written(f.meta, sp, now),
+            (Some(sp), Err(reason)) => self.savepoint_not_written(id, sp, reason),
+            (None, Ok(())) => {
+                self.completed_checkpoint(f.meta, now);
+                true
             }
-        }
+            (None, Err(reason)) => {
+                // The metadata could not be written: the checkpoint does not exist.
+                self.abort(id, &reason, now)?;
+                false
+            }
+        };
+        Ok(if done { vec![id] } else { Vec::new() })
+    }
+
+    /// Savepoint `meta` is written. An intermediate savepoint's job copy goes and nothing is
+    /// committed (failover restores from checkpoints, which must not find output committed
+    /// after them). A stop-with-savepoint commits the sinks' output, so it also stays a
+    /// completed checkpoint of the job (its `_metadata` was written after the savepoint's and
+    /// before the commit): a failure or crash before the job finished restores from it, not
+    /// from an older one.
+    fn savepoint_written(
+        &mut self,
+        meta: Arc<CheckpointMetadata>,
+        sp: SavepointRequest,
+        now: Instant,
+    ) -> bool {
+        let id = meta.checkpoint_id;
         let location = sp.target.location(&sp.dir);
         info!(checkpoint = id, "savepoint {id} written to {location}");
         self.last_completion = Some(now);
@@ -769,7 +903,7 @@ impl CheckpointCoordinator {
     }
 
     /// Checkpoint `meta` is complete: the subtasks commit, it is retained.
-    fn completed_checkpoint(&mut self, meta: CheckpointMetadata, now: Instant) {
+    fn completed_checkpoint(&mut self, meta: Arc<CheckpointMetadata>, now: Instant) {
         let id = meta.checkpoint_id;
         crate::failpoint::hit("checkpoint-completed", id);
         self.consecutive_failures = 0;
@@ -785,7 +919,7 @@ impl CheckpointCoordinator {
             id,
             duration_ms: meta.duration_ms(),
             state_size: meta.state_size,
-            metadata: Arc::new(meta),
+            metadata: meta,
         });
         self.completed_total += 1;
         if self.completed.len() >= 2 * COMPLETED_KEPT {
@@ -877,13 +1011,22 @@ impl CheckpointCoordinator {
         // Directories older than the oldest retained checkpoint (torn, corrupt, or left by a
         // killed run) are garbage too.
         if let Some(&oldest) = self.retained.front() {
-            for name in self.storage.list(&self.job_id).unwrap_or_default() {
-                if let Some(id) = parse_checkpoint_dir(&name) {
-                    if id < oldest && !self.pending.contains_key(&id) {
-                        self.remove_dir(id);
+            let in_flight: HashSet<u64> = self
+                .pending
+                .keys()
+                .chain(self.finalizing.keys())
+                .copied()
+                .collect();
+            let (storage, job_id) = (self.storage.clone(), self.job_id.clone());
+            self.cleanup(move || {
+                for name in storage.list(&job_id).unwrap_or_default() {
+                    if let Some(id) = parse_checkpoint_dir(&name) {
+                        if id < oldest && !in_flight.contains(&id) {
+                            remove_checkpoint_dir(storage.as_ref(), &job_id, id);
+                        }
                     }
                 }
-            }
+            });
         }
     }
 }
@@ -895,7 +1038,8 @@ fn write_savepoint(
     storage: &dyn CheckpointStorage,
     job_id: &str,
     meta: &CheckpointMetadata,
-    sp: &SavepointRequest,
+    target: &dyn CheckpointStorage,
+    dir: &str,
 ) -> Result<(), String> {
     let from = checkpoint_dir(job_id, meta.checkpoint_id);
     let mut files: Vec<&str> = meta
@@ -909,14 +1053,74 @@ fn write_savepoint(
         let bytes = storage
             .read(&format!("{from}/{file}"))
             .map_err(|e| e.to_string())?;
-        sp.target
-            .write(&format!("{}/{file}", sp.dir), &bytes)
+        target
+            .write(&format!("{dir}/{file}"), &bytes)
             .map_err(|e| e.to_string())?;
     }
     let bytes = encode(FileKind::Metadata, meta).map_err(|e| e.to_string())?;
-    sp.target
-        .write_atomic(&format!("{}/{METADATA_FILE}", sp.dir), &bytes)
+    target
+        .write_atomic(&format!("{dir}/{METADATA_FILE}"), &bytes)
         .map_err(|e| e.to_string())
+}
+
+/// Deletes the files of `<job>/shared/` that no `retained` checkpoint references (its
+/// metadata, when known, else read back) and that checkpoints up to `upto` uploaded (see
+/// [`CheckpointCoordinator::collect_shared_garbage`]). If a retained checkpoint's `_metadata`
+/// cannot be read, nothing is deleted.
+fn collect_shared_garbage(
+    storage: &dyn CheckpointStorage,
+    job_id: &str,
+    retained: &[(u64, Option<Arc<CheckpointMetadata>>)],
+    upto: u64,
+) {
+    let dir = shared_dir(job_id);
+    let names = match storage.list(&dir) {
+        Ok(names) if !names.is_empty() => names,
+        _ => return,
+    };
+    let mut referenced: HashSet<String> = HashSet::new();
+    for (id, known) in retained {
+        let meta = match known {
+            Some(m) => Ok(m.clone()),
+            None => read_metadata(storage, job_id, *id).map(Arc::new),
+        };
+        match meta {
+            Ok(meta) => referenced.extend(meta.shared_files.iter().cloned()),
+            Err(e) => {
+                warn!("keeping every shared file: cannot read checkpoint {id}: {e}");
+                return;
+            }
+        }
+    }
+    if upto == u64::MAX {
+        for name in storage.list(job_id).unwrap_or_default() {
+            let Some(id) = parse_checkpoint_dir(&name) else {
+                continue;
+            };
+            if let Ok(meta) = read_metadata(storage, job_id, id) {
+                referenced.extend(meta.shared_files);
+            }
+        }
+    }
+    let mut deleted = 0usize;
+    for name in names {
+        let path = format!("{dir}/{name}");
+        if referenced.contains(&path) {
+            continue;
+        }
+        if shared_file_checkpoint(&name).is_some_and(|c| c <= upto) {
+            match storage.delete(&path) {
+                Ok(()) => deleted += 1,
+                Err(e) => debug!("cannot delete {path} yet: {e}"),
+            }
+        }
+    }
+    if deleted > 0 {
+        debug!(
+            deleted,
+            "deleted shared files no retained checkpoint references"
+        );
+    }
 }
 
 #[cfg(test)]
@@ -983,7 +1187,8 @@ mod tests {
             let id = c.maybe_trigger(now, false).expect("a checkpoint is due");
             c.drain_messages();
             c.on_ack(ack(id, 0), now).unwrap();
-            assert_eq!(c.on_ack(ack(id, 1), now).unwrap(), vec![id]);
+            c.on_ack(ack(id, 1), now).unwrap();
+            assert_eq!(c.run_storage_now(now).unwrap(), vec![id]);
             c.drain_messages();
             assert!(c.completed().len() < 2 * COMPLETED_KEPT, "bounded at {n}");
         }
@@ -1021,13 +1226,60 @@ mod tests {
         c.maybe_trigger(now, false);
         c.drain_messages();
         assert!(c.on_ack(ack(1, 1), now).unwrap().is_empty());
+        assert!(c.on_ack(ack(1, 0), now).unwrap().is_empty());
+        // Every ack is in: the checkpoint is finalizing, its `_metadata` is work for the
+        // storage thread, and nothing is committed yet.
+        assert_eq!(c.finalizing_count(), 1);
+        assert_eq!(c.pending_count(), 1, "a finalizing checkpoint is in flight");
         assert!(!storage.exists(&metadata_path("job", 1)).unwrap());
-        assert_eq!(c.on_ack(ack(1, 0), now).unwrap(), vec![1]);
+        assert!(c.drain_messages().is_empty());
+        let tasks = c.drain_storage();
+        assert_eq!(format!("{tasks:?}"), "[Finalize(1)]");
+        let finalized: Vec<Finalized> = tasks.into_iter().filter_map(StorageTask::run).collect();
         assert!(storage.exists(&metadata_path("job", 1)).unwrap());
+        assert_eq!(
+            c.completed_total(),
+            0,
+            "complete once the result is reported"
+        );
+        let done: Vec<u64> = finalized
+            .into_iter()
+            .flat_map(|f| c.on_finalized(f, now).unwrap())
+            .collect();
+        assert_eq!(done, vec![1]);
         let sent = c.drain_messages();
         assert_eq!(
             sent,
             vec![(0, TaskMessage::Complete(1)), (1, TaskMessage::Complete(1))]
+        );
+    }
+
+    /// A `_metadata` write that fails aborts the checkpoint: the subtasks are told, it
+    /// counts as a failed checkpoint, and nothing commits.
+    #[test]
+    fn a_failed_finalization_aborts_the_checkpoint() {
+        let (mut c, _, t0) = coordinator(0);
+        let now = t0 + Duration::from_millis(100);
+        c.maybe_trigger(now, false);
+        c.drain_messages();
+        c.on_ack(ack(1, 0), now).unwrap();
+        c.on_ack(ack(1, 1), now).unwrap();
+        c.drain_storage();
+        let err = c
+            .on_finalized(
+                Finalized {
+                    id: 1,
+                    result: Err("disk full".into()),
+                },
+                now,
+            )
+            .unwrap_err();
+        assert!(err.reason.contains("disk full"), "{err}");
+        assert_eq!(c.pending_count(), 0);
+        assert_eq!(c.failed_total(), 1);
+        assert_eq!(
+            c.drain_messages(),
+            vec![(0, TaskMessage::Aborted(1)), (1, TaskMessage::Aborted(1))]
         );
     }
 

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::StateDescriptor;
 
-pub use coordinator::{CheckpointCoordinator, SavepointOutcome, SavepointRequest, TaskMessage};
+pub use coordinator::{
+    CheckpointCoordinator, Finalized, SavepointOutcome, SavepointRequest, StorageTask, TaskMessage,
+};
 pub use restore::{
     dispose_savepoint, find_latest, find_latest_of, list_checkpoints, load_checkpoint, load_dir,
     load_from_path, newest_completed, unfinished_job, CheckpointInfo, LoadedCheckpoint,

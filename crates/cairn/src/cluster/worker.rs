@@ -976,7 +976,7 @@ fn forward_events(
                 task,
                 error: result.err().as_ref().map(WireTaskError::from),
             },
-            JobEvent::Lost { .. } => continue,
+            JobEvent::Lost { .. } | JobEvent::Finalized(_) => continue,
         };
         let event = ToCoordinator::Event {
             job_id: rt.spec.job_id.clone(),

@@ -482,6 +482,9 @@ impl PreparedJob {
             // Shared files left by checkpoints that never completed, or by retained ones deleted
             // before a crash: nothing is in flight yet.
             c.collect_shared_garbage(u64::MAX);
+            if let Err(e) = c.run_storage_now(Instant::now()) {
+                warn!("{e}");
+            }
             if let (Some(dir), Some(r)) = (claimed_external.take(), &restored) {
                 info!("claiming {}: it is deleted once subsumed", r.location);
                 c.claim_external(

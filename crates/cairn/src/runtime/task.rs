@@ -49,6 +49,9 @@ pub enum JobEvent {
     /// Subtasks of these attempts were lost (their worker died): one failure, however many
     /// attempts (regions) it takes down.
     Lost { attempts: Vec<u32>, reason: String },
+    /// The job master's storage work finalized a checkpoint (wrote its `_metadata`), or
+    /// could not.
+    Finalized(crate::checkpoint::Finalized),
 }
 
 /// Counters the progress line and the summary read.

@@ -306,6 +306,16 @@ mod tests {
         );
     }
 
+    /// A restart waits for a checkpoint being finalized, which may be the newest completed.
+    #[test]
+    fn finds_a_restart_during_a_finalization() {
+        finds(
+            Planted::Master(MasterFlaw::RestartsDuringFinalization),
+            &Mode::ALL,
+            5_000,
+        );
+    }
+
     /// A failure no restart can fix ends the job at once.
     #[test]
     fn finds_a_restart_after_an_unrecoverable_failure() {

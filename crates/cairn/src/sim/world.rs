@@ -31,6 +31,7 @@ use crate::checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointSettings, TaskInfo, TaskMessage,
 };
 use crate::checkpoint::restore::read_metadata;
+use crate::checkpoint::StorageTask;
 use crate::checkpoint::{
     DeclineCause, OperatorStates, SavepointOutcome, SavepointRequest, TaskAck, TaskCheckpointStats,
 };
@@ -347,6 +348,8 @@ enum Choice {
     Savepoint(SavepointKind),
     /// The executor is ready for the outstanding deployment, which is performed.
     Deployment,
+    /// The job master's storage thread runs its next task (a `_metadata` write, a deletion).
+    Storage,
 }
 
 /// A deployment the master asked for: regions, checkpoint, sources stopped.
@@ -406,6 +409,8 @@ pub(crate) struct World {
     /// The deployment the master asked for and the executor is not ready for yet (waiting
     /// for slots or workers, as the shell does): regions, checkpoint, sources stopped.
     deployment: Option<Deployment>,
+    /// The checkpoint coordinator's storage work, queued for the storage thread.
+    storage_tasks: VecDeque<StorageTask>,
     finished: bool,
     /// The job's lifecycle as its status follows the job master, and the master state it
     /// last followed.
@@ -614,6 +619,7 @@ impl World {
             instances: 0,
             process_restarts: 0,
             deployment: None,
+            storage_tasks: VecDeque::new(),
             finished: false,
             lifecycle: Lifecycle::new(0),
             reported: JobState::Created,
@@ -669,6 +675,8 @@ impl World {
         self.uploads.clear();
         self.events.clear();
         self.deployment = None;
+        // A process that died lost the storage work it had not done.
+        self.storage_tasks.clear();
         self.initial = initial;
         let min_next = self.files.keys().map(|k| k.0).max().unwrap_or(0) + 1;
         let coordinator = CheckpointCoordinator::new(
@@ -791,7 +799,12 @@ impl World {
                 }
             }
         }
+        self.storage_tasks.extend(self.master.drain_storage());
         self.follow_lifecycle();
+        if self.master.outcome().is_some() {
+            // The job master ends after its storage work is done.
+            self.finish_storage();
+        }
         match self.master.outcome() {
             Some(JobOutcome::Finished) if self.stopped_at.is_some() => self.resume_from_savepoint(),
             Some(JobOutcome::Finished) => self.finished = true,
@@ -1815,6 +1828,9 @@ impl World {
         if self.deployment.is_some() && self.rng.u32(0..8) == 0 {
             out.push(Choice::Deployment);
         }
+        if !self.storage_tasks.is_empty() {
+            out.push(Choice::Storage);
+        }
     }
 
     /// A fault, if one is due: a task fails, a worker hosting some tasks is lost, or the
@@ -1975,6 +1991,7 @@ impl World {
             Choice::LoseWorker(hosted) => self.lose_worker(hosted),
             Choice::Crash => self.new_process("crashes"),
             Choice::Savepoint(kind) => self.request_savepoint(kind),
+            Choice::Storage => self.store(),
             Choice::Deployment => {
                 if let Some((regions, from, stopped)) = self.deployment.take() {
                     self.deploy(&regions, from, stopped);
@@ -2014,6 +2031,32 @@ impl World {
             attempts,
             reason: "simulated worker loss".into(),
         });
+    }
+
+    /// The storage thread runs its next task; the process may die during a `_metadata` write.
+    fn store(&mut self) {
+        let Some(task) = self.storage_tasks.pop_front() else {
+            return;
+        };
+        if task.is_finalize() && self.failure_budget > 0 && self.rng.u32(0..30) == 0 {
+            self.failure_budget -= 1;
+            self.storage.arm_metadata_crash();
+        }
+        self.note(|| format!("storage: {task:?}"));
+        let finalized = task.run();
+        if self.storage.crashed() {
+            return self.new_process("crashes during a _metadata write");
+        }
+        if let Some(f) = finalized {
+            self.events.push_back(JobEvent::Finalized(f));
+        }
+    }
+
+    /// Runs the storage work left, as an ending job master does (results go nowhere).
+    fn finish_storage(&mut self) {
+        while let Some(task) = self.storage_tasks.pop_front() {
+            let _ = task.run();
+        }
     }
 
     fn tick(&mut self) {
@@ -2215,11 +2258,6 @@ impl World {
         let Some(e) = self.events.pop_front() else {
             return;
         };
-        if matches!(e, JobEvent::Ack(_)) && self.failure_budget > 0 && self.rng.u32(0..30) == 0 {
-            // The process may die while the last ack's `_metadata` is being written.
-            self.failure_budget -= 1;
-            self.storage.arm_metadata_crash();
-        }
         let newest = |w: &World| {
             w.master
                 .coordinator()
@@ -2245,9 +2283,6 @@ impl World {
                 return self
                     .violate("an unrecoverable task failure did not end the job at once".into());
             }
-        }
-        if self.storage.crashed() {
-            return self.new_process("crashes during a _metadata write");
         }
         if newest(self) > before {
             self.completed += 1;

@@ -20,7 +20,10 @@ use super::super::restart::RestartTracker;
 use super::super::status::{ExceptionView, JobState, EXCEPTIONS_MAX};
 use super::super::task::JobEvent;
 use crate::checkpoint::coordinator::TaskInfo;
-use crate::checkpoint::{CheckpointCoordinator, SavepointOutcome, SavepointRequest, TaskMessage};
+use crate::checkpoint::coordinator::TooManyFailures;
+use crate::checkpoint::{
+    CheckpointCoordinator, SavepointOutcome, SavepointRequest, StorageTask, TaskMessage,
+};
 use crate::error::TaskError;
 
 /// What the job master asks its environment to do.
@@ -107,6 +110,10 @@ pub(crate) enum MasterFlaw {
     /// A restart whose backoff passed is requested while another deployment is still
     /// outstanding (the shell performs one deployment at a time).
     RestartsDuringDeployment,
+    /// A restart picks the newest completed checkpoint while a newer one is being finalized
+    /// (its `_metadata` lands, its transactions are committed, after the restart restored an
+    /// older one).
+    RestartsDuringFinalization,
 }
 
 /// A subtask index that runs in no attempt: its events are stale.
@@ -275,7 +282,13 @@ impl MasterCore {
     /// The earliest deadline: the scheduled restart, the next checkpoint trigger, the next
     /// checkpoint timeout.
     pub(crate) fn next_wake(&self, now: Instant) -> Option<Instant> {
-        let mut wake: Option<Instant> = self.restart.as_ref().map(|r| r.at);
+        // While a checkpoint is finalized, its result (an event) wakes the loop, not the
+        // restart's deadline.
+        let mut wake: Option<Instant> = self
+            .restart
+            .as_ref()
+            .filter(|_| !self.finalizing())
+            .map(|r| r.at);
         let mut earliest = |t: Instant| wake = Some(wake.map_or(t, |w| w.min(t)));
         if let Some(c) = &self.coordinator {
             // With max-concurrent checkpoints in flight, the next ack wakes the loop.
@@ -388,7 +401,16 @@ impl MasterCore {
             return;
         }
         if self.restart.as_ref().is_some_and(|r| now >= r.at) {
-            self.restart_due();
+            // A checkpoint being finalized may be the newest completed one: the restart
+            // waits for its `_metadata` (written, or not).
+            #[cfg(test)]
+            let finalizing =
+                self.finalizing() && self.flaw != Some(MasterFlaw::RestartsDuringFinalization);
+            #[cfg(not(test))]
+            let finalizing = self.finalizing();
+            if !finalizing {
+                self.restart_due();
+            }
             return;
         }
         if self.restart.is_some() {
@@ -428,22 +450,12 @@ impl MasterCore {
             JobEvent::Ack(ack) => {
                 let c = self.coordinator.as_mut()?;
                 let result = c.on_ack(ack, now);
-                self.deliver();
-                match result {
-                    Ok(done) => {
-                        if self.stopping.is_some_and(|s| done.contains(&s)) {
-                            self.stopped_at = self.stopping;
-                        }
-                        let final_done = self
-                            .final_checkpoint
-                            .is_some_and(|f| done.iter().any(|&d| d >= f));
-                        if final_done && !self.end_sent {
-                            self.end_of_input();
-                        }
-                        None
-                    }
-                    Err(e) => Some(Failure::checkpoint(e.to_string())),
-                }
+                self.completions(result)
+            }
+            JobEvent::Finalized(finalized) => {
+                let c = self.coordinator.as_mut()?;
+                let result = c.on_finalized(finalized, now);
+                self.completions(result)
             }
             JobEvent::Decline {
                 checkpoint_id,
@@ -503,6 +515,41 @@ impl MasterCore {
                 }
             }
         }
+    }
+
+    /// Checkpoints completed (`done`): a completed stop-with-savepoint is where the job
+    /// ends, a completed final checkpoint ends the input; or checkpoints failed beyond what
+    /// is tolerated.
+    fn completions(&mut self, result: Result<Vec<u64>, TooManyFailures>) -> Option<Failure> {
+        self.deliver();
+        match result {
+            Ok(done) => {
+                if self.stopping.is_some_and(|s| done.contains(&s)) {
+                    // The completed stop is the job's last checkpoint, also when a failure
+                    // came between its acknowledgements and its `_metadata`.
+                    self.stopped_at = self.stopping;
+                    self.final_checkpoint = self.stopped_at;
+                }
+                let final_done = self
+                    .final_checkpoint
+                    .is_some_and(|f| done.iter().any(|&d| d >= f));
+                // With regions down, their redeployment at the stop ends the input.
+                let all_running = self.restart.is_none() && self.deploying.is_none();
+                if final_done && !self.end_sent && all_running {
+                    self.end_of_input();
+                }
+                None
+            }
+            Err(e) => Some(Failure::checkpoint(e.to_string())),
+        }
+    }
+
+    /// Storage work of the coordinator, to run off the master's thread in this order.
+    pub(crate) fn drain_storage(&mut self) -> Vec<StorageTask> {
+        self.coordinator
+            .as_mut()
+            .map(CheckpointCoordinator::drain_storage)
+            .unwrap_or_default()
     }
 
     /// A subtask cancelled by a whole-job failure reported its error: a more telling cause
@@ -752,6 +799,13 @@ impl MasterCore {
             self.deploying = None;
             self.deploying_stopped = false;
         }
+    }
+
+    /// Whether a checkpoint's `_metadata` is being written.
+    fn finalizing(&self) -> bool {
+        self.coordinator
+            .as_ref()
+            .is_some_and(|c| c.finalizing_count() > 0)
     }
 
     fn running_attempts(&self) -> Vec<u32> {

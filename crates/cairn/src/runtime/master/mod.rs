@@ -36,7 +36,7 @@ use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CompletedCheckpoint, TaskInfo};
 use crate::checkpoint::{
     load_checkpoint, CheckpointCoordinator, LoadedCheckpoint, SavepointOutcome, SavepointRequest,
-    TaskMessage,
+    StorageTask, TaskMessage,
 };
 use crate::error::TaskError;
 use crate::storage::FsStorage;
@@ -94,6 +94,58 @@ pub(crate) struct JobMaster<'a> {
     last_progress: Instant,
     /// The deployment the core asked for that the executor is not ready for yet.
     pending: Option<PendingDeploy>,
+    /// The thread running the checkpoint coordinator's storage work.
+    storage: StorageThread,
+}
+
+/// Runs the checkpoint coordinator's storage work (`_metadata` writes, savepoint copies,
+/// deletions) in order, off the job master's thread; a finalization's result comes back as
+/// a [`JobEvent::Finalized`].
+struct StorageThread {
+    tasks: Option<crossbeam_channel::Sender<StorageTask>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StorageThread {
+    fn start(events: crossbeam_channel::Sender<JobEvent>) -> Result<Self, JobError> {
+        let (tx, rx) = crossbeam_channel::unbounded::<StorageTask>();
+        let thread = std::thread::Builder::new()
+            .name("checkpoint-storage".into())
+            .spawn(move || {
+                for task in rx {
+                    if let Some(finalized) = task.run() {
+                        let _ = events.send(JobEvent::Finalized(finalized));
+                    }
+                }
+            })
+            .map_err(|e| JobError::Setup(format!("cannot start a thread: {e}")))?;
+        Ok(StorageThread {
+            tasks: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn run(&self, tasks: Vec<StorageTask>) {
+        if let Some(tx) = &self.tasks {
+            for task in tasks {
+                let _ = tx.send(task);
+            }
+        }
+    }
+
+    /// Waits until the work queued so far is done.
+    fn finish(&mut self) {
+        drop(self.tasks.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for StorageThread {
+    fn drop(&mut self) {
+        self.finish();
+    }
 }
 
 /// A redeployment waiting for the executor (slots, workers' answers, the stop of the attempts
@@ -120,6 +172,7 @@ impl<'a> JobMaster<'a> {
             setup.coordinator,
             setup.restarts,
         );
+        let storage = StorageThread::start(setup.deployer.events.clone())?;
         let mut master = JobMaster {
             graph: setup.graph,
             deployer: setup.deployer,
@@ -138,6 +191,7 @@ impl<'a> JobMaster<'a> {
             reported_state: JobState::Created,
             last_progress: Instant::now(),
             pending: None,
+            storage,
         };
         // The sinks were initialized when the job was prepared (`job::prepare_job`).
         master.core.start();
@@ -228,6 +282,7 @@ impl<'a> JobMaster<'a> {
             };
             self.status.savepoint_ended(&request_id, state);
         }
+        self.storage.run(self.core.drain_storage());
         self.sync_state();
     }
 
@@ -527,6 +582,9 @@ impl<'a> JobMaster<'a> {
     fn end(mut self, outcome: Outcome) -> Result<Finished, JobError> {
         self.perform(Instant::now());
         self.abandon_pending();
+        // Deletions of a cancelled job's checkpoints, the last retention: done before its
+        // end is reported.
+        self.storage.finish();
         if outcome != Outcome::Finished {
             self.executor.wait_stopped();
         }
