@@ -7,10 +7,13 @@ use std::sync::{mpsc, Arc};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use cairn::api::StreamEnv;
 use cairn::config::JobConfig;
+use cairn::connectors::SequenceSource;
 use cairn::error::TaskError;
 use cairn::jobs::{pipelines, wordcount};
 use cairn::runtime::job::{DeployRequest, Deployed, Executor, LocalExecutor};
+use cairn::runtime::operators::{Sink, SinkContext, SinkGuarantee, SinkOwner, SinkWriter};
 use cairn::runtime::task::JobEvent;
 use cairn::runtime::{
     run_job_with, InjectSpec, JobError, JobState, JobStatus, JobSummary, RunOptions, SavepointKind,
@@ -276,4 +279,138 @@ fn the_master_answers_requests_while_a_redeployment_waits() {
     let summary = outcome.unwrap_or_else(|e| panic!("the job must finish: {e}"));
     assert_eq!(summary.restarts, 1);
     assert!(asked_before >= 3);
+}
+
+/// A sink whose initialization for a redeployment (every call after the first, which the job's
+/// preparation makes) blocks until released, as a commit to a slow database would.
+struct SlowToInitialize {
+    calls: Arc<AtomicU32>,
+    release: Arc<AtomicBool>,
+}
+
+impl Sink<u64> for SlowToInitialize {
+    fn guarantee(&self) -> SinkGuarantee {
+        SinkGuarantee::ExactlyOnce
+    }
+    fn initialize(&self, _: &SinkOwner, _: Option<Vec<Vec<u8>>>) -> cairn::TaskResult {
+        if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+            let until = Instant::now() + DEADLINE;
+            while !self.release.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        Ok(())
+    }
+    fn create_writer(&self, _: SinkContext) -> cairn::TaskResult<Box<dyn SinkWriter<u64>>> {
+        Ok(Box::new(Nothing))
+    }
+}
+
+struct Nothing;
+
+impl SinkWriter<u64> for Nothing {
+    fn write(&mut self, batch: &mut Vec<u64>) -> cairn::TaskResult {
+        batch.clear();
+        Ok(())
+    }
+    fn pre_commit(&mut self, _: u64) -> cairn::TaskResult<Vec<Vec<u8>>> {
+        Ok(Vec::new())
+    }
+    fn commit(&mut self, _: u64) -> cairn::TaskResult {
+        Ok(())
+    }
+    fn finish(&mut self) -> cairn::TaskResult {
+        Ok(())
+    }
+}
+
+/// Waits until savepoint request `request` of `status` is answered.
+fn savepoint_answer(status: &JobStatus, request: &str) -> SavepointState {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let state = status
+            .view()
+            .savepoints
+            .iter()
+            .find(|s| s.request_id == request)
+            .map(|s| s.state.clone());
+        match state {
+            Some(SavepointState::InProgress) | None => {}
+            Some(other) => return other,
+        }
+        assert!(
+            Instant::now() < until,
+            "the savepoint request was never answered"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A redeployment's sink initialization (which commits the restored checkpoint's
+/// transactions: storage or network I/O) runs off the job master's thread: a request is
+/// answered while it blocks (defect: the master initialized sinks itself).
+#[test]
+fn the_master_answers_requests_while_a_sink_initializes() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let release = Arc::new(AtomicBool::new(false));
+    let env = StreamEnv::new();
+    env.source(SequenceSource::new(2_000_000, 0, |i| i))
+        .uid("numbers")
+        .sink(SlowToInitialize {
+            calls: calls.clone(),
+            release: release.clone(),
+        })
+        .uid("slow-sink");
+    let graph = env.build("slow-sink").unwrap();
+    let config = config(&[
+        ("parallelism.default", "2"),
+        ("execution.checkpointing.interval", "50ms"),
+        ("restart-strategy.type", "fixed-delay"),
+        ("restart-strategy.fixed-delay.attempts", "3"),
+        ("restart-strategy.fixed-delay.delay", "10ms"),
+    ]);
+    let status = JobStatus::new("job".into(), "slow-sink".into(), Vec::new());
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = config;
+    config
+        .set(
+            "state.checkpoints.dir",
+            &tmp.path().join("ck").display().to_string(),
+        )
+        .unwrap();
+    let opts = RunOptions {
+        config,
+        inject: Some(InjectSpec {
+            count: 1,
+            seed: 3,
+            expected_records: 200_000,
+        }),
+        status: Some(status.clone()),
+        ..RunOptions::default()
+    };
+    let result = spawn_run(graph, opts, LocalExecutor);
+    let until = Instant::now() + DEADLINE;
+    while calls.load(Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < until,
+            "the sink was never initialized for a restart"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let request = status.request_savepoint(file, SavepointKind::Intermediate, false);
+    let answered = savepoint_answer(&status, &request);
+    assert!(
+        !release.load(Ordering::SeqCst),
+        "answered while the sink initializes"
+    );
+    assert!(
+        matches!(&answered, SavepointState::Failed { cause } if cause.contains("a-file")),
+        "{answered:?}"
+    );
+    release.store(true, Ordering::SeqCst);
+    let outcome = result.recv_timeout(DEADLINE).expect("the job must end");
+    let summary = outcome.unwrap_or_else(|e| panic!("the job must finish: {e}"));
+    assert_eq!(summary.restarts, 1);
 }

@@ -10,6 +10,7 @@
 //! checkpoints back from storage.
 
 mod core;
+mod storage;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -24,19 +25,18 @@ use tracing::{debug, info, warn};
 #[cfg(test)]
 pub(crate) use self::core::MasterFlaw;
 pub(crate) use self::core::{MasterAction, MasterCore, Outcome};
+use self::storage::{run_sink_inits, sink_inits, SinkInit, StorageDone, StorageJob, StorageThread};
 use super::channel::Mail;
 use super::deploy::{region_mask, Deployed, DeployedTask, Deployer, Executor};
 use super::graph::JobGraph;
 use super::job::{JobError, Progress, ProgressFn};
 use super::lifecycle::master_steps;
-use super::operators::{sink_pending, SinkOwner};
 use super::restart::RestartTracker;
 use super::status::{Actor, JobCommand, JobState, JobStatus, SavepointKind, SavepointState};
 use super::task::{JobEvent, JobMetrics};
 use crate::checkpoint::coordinator::{CompletedCheckpoint, TaskInfo};
 use crate::checkpoint::{
-    load_checkpoint, CheckpointCoordinator, LoadedCheckpoint, SavepointOutcome, SavepointRequest,
-    StorageTask, TaskMessage,
+    CheckpointCoordinator, LoadedCheckpoint, SavepointOutcome, SavepointRequest, TaskMessage,
 };
 use crate::error::TaskError;
 use crate::storage::FsStorage;
@@ -94,66 +94,30 @@ pub(crate) struct JobMaster<'a> {
     last_progress: Instant,
     /// The deployment the core asked for that the executor is not ready for yet.
     pending: Option<PendingDeploy>,
-    /// The thread running the checkpoint coordinator's storage work.
+    /// The thread running the master's storage I/O.
     storage: StorageThread,
+    /// Numbers the storage work of redeployments (a late result of an abandoned one is
+    /// ignored).
+    storage_seq: u64,
 }
 
-/// Runs the checkpoint coordinator's storage work (`_metadata` writes, savepoint copies,
-/// deletions) in order, off the job master's thread; a finalization's result comes back as
-/// a [`JobEvent::Finalized`].
-struct StorageThread {
-    tasks: Option<crossbeam_channel::Sender<StorageTask>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl StorageThread {
-    fn start(events: crossbeam_channel::Sender<JobEvent>) -> Result<Self, JobError> {
-        let (tx, rx) = crossbeam_channel::unbounded::<StorageTask>();
-        let thread = std::thread::Builder::new()
-            .name("checkpoint-storage".into())
-            .spawn(move || {
-                for task in rx {
-                    if let Some(finalized) = task.run() {
-                        let _ = events.send(JobEvent::Finalized(finalized));
-                    }
-                }
-            })
-            .map_err(|e| JobError::Setup(format!("cannot start a thread: {e}")))?;
-        Ok(StorageThread {
-            tasks: Some(tx),
-            thread: Some(thread),
-        })
-    }
-
-    fn run(&self, tasks: Vec<StorageTask>) {
-        if let Some(tx) = &self.tasks {
-            for task in tasks {
-                let _ = tx.send(task);
-            }
-        }
-    }
-
-    /// Waits until the work queued so far is done.
-    fn finish(&mut self) {
-        drop(self.tasks.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for StorageThread {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-/// A redeployment waiting for the executor (slots, workers' answers, the stop of the attempts
-/// it replaces): the loop asks again every [`DEPLOY_POLL`] and handles everything else
-/// meanwhile.
+/// A redeployment on its way: its checkpoint is read back (storage thread), the executor made
+/// ready (asked again every [`DEPLOY_POLL`]), its sinks initialized (storage thread), then it
+/// is deployed. The loop handles everything else meanwhile.
 struct PendingDeploy {
     regions: Vec<(usize, u32)>,
     sources_stopped: bool,
+    stage: Stage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Reading checkpoint back (the storage work numbered so).
+    Loading(u64),
+    /// Waiting for the executor.
+    Polling,
+    /// Initializing the sinks (the storage work numbered so).
+    InitSinks(u64),
 }
 
 /// How often the loop asks the executor again about a pending deployment.
@@ -192,6 +156,7 @@ impl<'a> JobMaster<'a> {
             last_progress: Instant::now(),
             pending: None,
             storage,
+            storage_seq: 0,
         };
         // The sinks were initialized when the job was prepared (`job::prepare_job`).
         master.core.start();
@@ -238,12 +203,11 @@ impl<'a> JobMaster<'a> {
             if let Some(outcome) = self.core.outcome().cloned() {
                 return self.end(outcome);
             }
-            let idle = now
-                + if self.pending.is_some() {
-                    DEPLOY_POLL
-                } else {
-                    IDLE_WAKE
-                };
+            let polling = self
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.stage == Stage::Polling);
+            let idle = now + if polling { DEPLOY_POLL } else { IDLE_WAKE };
             let wake = self.core.next_wake(now).map_or(idle, |w| w.min(idle));
             // A savepoint, stop or cancel request wakes the loop at once.
             crossbeam_channel::select! {
@@ -254,6 +218,11 @@ impl<'a> JobMaster<'a> {
                         .on_job_failure("event channel closed".into(), false, Instant::now()),
                 },
                 recv(self.nudges) -> _ => {}
+                recv(self.storage.done) -> d => {
+                    if let Ok(d) = d {
+                        self.storage_done(d, Instant::now());
+                    }
+                }
                 default(wake.saturating_duration_since(now)) => {}
             }
             self.perform(Instant::now());
@@ -264,7 +233,7 @@ impl<'a> JobMaster<'a> {
     /// Performs the core's actions, and what they lead to, until there are none.
     fn perform(&mut self, now: Instant) {
         loop {
-            self.perform_actions(now);
+            self.perform_actions();
             if !self.advance_deployment(now) {
                 break;
             }
@@ -287,7 +256,7 @@ impl<'a> JobMaster<'a> {
     }
 
     /// Performs the core's actions until there are none; a deployment becomes pending.
-    fn perform_actions(&mut self, now: Instant) {
+    fn perform_actions(&mut self) {
         while let Some(action) = self.core.next_action() {
             match action {
                 MasterAction::Deploy {
@@ -296,15 +265,23 @@ impl<'a> JobMaster<'a> {
                     sources_stopped,
                 } => {
                     self.abandon_pending();
-                    match self.load_restored(&regions, from) {
-                        Ok(()) => {
-                            self.pending = Some(PendingDeploy {
-                                regions,
-                                sources_stopped,
-                            })
+                    let stage = match from {
+                        Some(id) => Stage::Loading(self.send_storage_job(|seq| StorageJob::Load {
+                            seq,
+                            storage: self.deployer.storage.clone(),
+                            job_id: self.deployer.job_id.to_string(),
+                            id,
+                        })),
+                        None => {
+                            self.log_restore(&regions);
+                            Stage::Polling
                         }
-                        Err(e) => self.deployment_failed(e, now),
-                    }
+                    };
+                    self.pending = Some(PendingDeploy {
+                        regions,
+                        sources_stopped,
+                        stage,
+                    });
                 }
                 MasterAction::Cancel { regions } => {
                     if self
@@ -357,22 +334,14 @@ impl<'a> JobMaster<'a> {
         }
     }
 
-    /// Reads checkpoint `from` back for a redeployment of `regions` after a failure (from
-    /// storage, so a restore is exactly what a new process would see; None: what the run
-    /// started with).
-    fn load_restored(
-        &mut self,
-        regions: &[(usize, u32)],
-        from: Option<u64>,
-    ) -> Result<(), TaskError> {
-        if let Some(id) = from {
-            let storage = self.deployer.storage;
-            let loaded =
-                load_checkpoint(storage.as_ref(), self.deployer.job_id, id).map_err(|e| {
-                    TaskError::msg(format!("cannot read back completed checkpoint {id}: {e}"))
-                })?;
-            self.restored = Some(loaded);
-        }
+    fn send_storage_job(&mut self, job: impl FnOnce(u64) -> StorageJob) -> u64 {
+        self.storage_seq += 1;
+        let seq = self.storage_seq;
+        self.storage.send(job(seq));
+        seq
+    }
+
+    fn log_restore(&self, regions: &[(usize, u32)]) {
         let scope: BTreeSet<usize> = regions.iter().map(|&(r, _)| r).collect();
         match &self.restored {
             Some(c) => info!(
@@ -382,12 +351,10 @@ impl<'a> JobMaster<'a> {
             ),
             None => info!("restarting regions {scope:?} without state (no checkpoint completed)"),
         }
-        Ok(())
     }
 
-    /// Initializes the sinks of `regions` from the restored checkpoint: once the executor is
-    /// ready, so the attempts they replace have stopped writing.
-    fn init_region_sinks(&self, regions: &[(usize, u32)]) -> Result<(), TaskError> {
+    /// The sinks of `regions`, with what the restored checkpoint holds for them.
+    fn region_sinks(&self, regions: &[(usize, u32)]) -> Vec<SinkInit> {
         let scope: BTreeSet<usize> = regions.iter().map(|&(r, _)| r).collect();
         let plan = self.deployer.plan;
         let region_of = |task: usize| self.regions.iter().position(|r| r.contains(&task));
@@ -395,13 +362,59 @@ impl<'a> JobMaster<'a> {
             let task = plan.offsets[plan.node_vertex[node]];
             region_of(task).is_some_and(|r| scope.contains(&r))
         };
-        init_sinks(
+        sink_inits(
             self.graph,
             self.deployer.job_id,
             self.restored.as_ref(),
             in_scope,
         )
-        .map_err(|e| TaskError::msg(e.to_string()))
+    }
+
+    /// A redeployment's storage work ended: the next stage, or the deployment, or its failure.
+    fn storage_done(&mut self, done: StorageDone, now: Instant) {
+        let Some(mut p) = self.pending.take() else {
+            return;
+        };
+        match (p.stage, done) {
+            (Stage::Loading(expected), StorageDone::Loaded { seq, id, result })
+                if seq == expected =>
+            {
+                match result {
+                    Ok(loaded) => {
+                        self.restored = Some(*loaded);
+                        self.log_restore(&p.regions);
+                        p.stage = Stage::Polling;
+                        self.pending = Some(p);
+                    }
+                    Err(e) => self.deployment_failed(
+                        TaskError::msg(format!("cannot read back completed checkpoint {id}: {e}")),
+                        now,
+                    ),
+                }
+            }
+            (Stage::InitSinks(expected), StorageDone::SinksReady { seq, result })
+                if seq == expected =>
+            {
+                let deployed = result
+                    .map_err(TaskError::msg)
+                    .and_then(|()| self.deploy(&p.regions, p.sources_stopped));
+                match deployed {
+                    Ok(infos) => self.core.deployed(infos, now),
+                    Err(e) => {
+                        let failed: Vec<usize> = p.regions.iter().map(|&(r, _)| r).collect();
+                        self.cancel(&failed);
+                        let e = match e {
+                            TaskError::Unrecoverable(e) => TaskError::Unrecoverable(e),
+                            e => TaskError::msg(format!("the job could not be redeployed: {e}")),
+                        };
+                        self.deployment_failed(e, now)
+                    }
+                }
+            }
+            // A result of an abandoned deployment's work.
+            _ => self.pending = Some(p),
+        }
+        self.perform(now);
     }
 
     /// Whether every region of `regions` is ready to deploy: the executor's answer for the
@@ -428,12 +441,17 @@ impl<'a> JobMaster<'a> {
         Poll::Ready(Ok(()))
     }
 
-    /// Asks the executor about the pending deployment and performs it once every region is
-    /// ready. Returns whether the core has news (deployed, or the deployment failed).
+    /// Asks the executor about the pending deployment; once every region is ready, its sinks
+    /// are initialized (the attempts it replaces have stopped writing). Returns whether the
+    /// core has news (the deployment failed).
     fn advance_deployment(&mut self, now: Instant) -> bool {
         let Some(p) = self.pending.take() else {
             return false;
         };
+        if p.stage != Stage::Polling {
+            self.pending = Some(p);
+            return false;
+        }
         match self.poll_ready(&p.regions, p.sources_stopped) {
             Poll::Pending => {
                 self.pending = Some(p);
@@ -447,26 +465,13 @@ impl<'a> JobMaster<'a> {
                 true
             }
             Poll::Ready(Ok(())) => {
-                let deployed = self
-                    .init_region_sinks(&p.regions)
-                    .and_then(|()| self.deploy(&p.regions, p.sources_stopped));
-                match deployed {
-                    Ok(infos) => self.core.deployed(infos, now),
-                    Err(e) => {
-                        let failed: Vec<usize> = p.regions.iter().map(|&(r, _)| r).collect();
-                        self.cancel(&failed);
-                        self.deployment_failed(
-                            match e {
-                                TaskError::Unrecoverable(e) => TaskError::Unrecoverable(e),
-                                e => {
-                                    TaskError::msg(format!("the job could not be redeployed: {e}"))
-                                }
-                            },
-                            now,
-                        )
-                    }
-                }
-                true
+                let sinks = self.region_sinks(&p.regions);
+                let seq = self.send_storage_job(|seq| StorageJob::InitSinks { seq, sinks });
+                self.pending = Some(PendingDeploy {
+                    stage: Stage::InitSinks(seq),
+                    ..p
+                });
+                false
             }
         }
     }
@@ -706,21 +711,7 @@ pub(crate) fn init_sinks(
     restored: Option<&LoadedCheckpoint>,
     select: impl Fn(usize) -> bool,
 ) -> Result<(), JobError> {
-    for node in graph.nodes() {
-        if let Some(init) = &node.sink_init {
-            if !select(node.id) {
-                continue;
-            }
-            let pending = restored.map(|c| sink_pending(c, &node.uid));
-            let owner = SinkOwner {
-                job_id: job_id.to_string(),
-                uid: node.uid.clone(),
-            };
-            init(&owner, pending)
-                .map_err(|e| JobError::Setup(format!("sink '{}': {e}", node.uid)))?;
-        }
-    }
-    Ok(())
+    run_sink_inits(sink_inits(graph, job_id, restored, select)).map_err(JobError::Setup)
 }
 
 fn sync_status(status: &JobStatus, c: &CheckpointCoordinator) {
