@@ -71,10 +71,11 @@ fn faulty_cluster(ck: &Path, path: Link, deadline: Instant) -> FaultyCluster {
 }
 
 /// Submits the wordcount: parallelism 2, its source throttled so that it runs for seconds,
-/// frequent checkpoints that time out soon (a stalled data link fails them, and the job over),
-/// restarts without end or delay.
-fn submit_job(cluster: &Cluster, out: &Path) -> String {
+/// frequent checkpoints that time out after `checkpoint_timeout`, restarts without end or
+/// delay.
+fn submit_job(cluster: &Cluster, out: &Path, checkpoint_timeout: &str) -> String {
     let out = out.display().to_string();
+    let checkpoint_timeout = format!("execution.checkpointing.timeout={checkpoint_timeout}");
     let words = WORDS.to_string();
     let keys = KEYS.to_string();
     let job = [
@@ -92,7 +93,7 @@ fn submit_job(cluster: &Cluster, out: &Path) -> String {
         "--checkpoint-interval",
         "200ms",
         "-D",
-        "execution.checkpointing.timeout=2s",
+        &checkpoint_timeout,
         "-D",
         "restart-strategy.type=fixed-delay",
         "-D",
@@ -115,7 +116,13 @@ fn run(path: Link, trouble: Trouble) {
     let FaultyCluster { mut cluster, proxy } =
         faulty_cluster(&ck, path, start + Duration::from_secs(30));
     let out = tmp.path().join("out");
-    let jid = submit_job(&cluster, &out);
+    // A data link's faults must be noticed by the link itself (its keepalives and read
+    // timeouts), not by a checkpoint that times out: that one takes ten minutes here.
+    let checkpoint_timeout = match path {
+        Link::Control => "2s",
+        Link::Data => "10min",
+    };
+    let jid = submit_job(&cluster, &out, checkpoint_timeout);
     let rest = cluster.rest;
     cluster
         .coordinator
@@ -137,6 +144,21 @@ fn run(path: Link, trouble: Trouble) {
                 stats.held.load(Relaxed) > 0,
                 "the stalled proxy held nothing"
             );
+            if let Link::Data = path {
+                // The first end to give the silent link up says why (the other may then see
+                // it closed).
+                let silent = "closed: no data or keepalive for 1s";
+                let workers = &mut cluster.workers;
+                cluster.coordinator.wait_until(
+                    "a worker to give the silent data link up",
+                    start + Duration::from_secs(60),
+                    || {
+                        workers
+                            .iter_mut()
+                            .any(|w| w.stderr_so_far().contains(silent))
+                    },
+                );
+            }
             proxy.set(Fault::Pass);
         }
         Trouble::Reset => {

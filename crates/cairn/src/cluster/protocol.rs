@@ -257,6 +257,9 @@ pub enum DataMsg {
         /// Its input channel.
         channel: u32,
     },
+    /// Either end is still there: sent in each direction that carried nothing for a while, so
+    /// that a reader that hears nothing for the I/O timeout knows the link is dead.
+    Keepalive,
 }
 
 /// Compares secrets in constant time.
