@@ -227,6 +227,12 @@ pub enum ToWorker {
     },
     /// The coordinator is still alive.
     Heartbeat,
+    /// The job reached a terminal state: the worker cancels whatever attempt of it it still
+    /// has and forgets it (its failure injector, its counters, its metric series).
+    JobEnded {
+        /// Job id.
+        job_id: String,
+    },
 }
 
 /// Worker ↔ worker, on a data connection.

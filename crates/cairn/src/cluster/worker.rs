@@ -1054,6 +1054,41 @@ impl Session {
             });
     }
 
+    /// Job `job_id` ended: on a thread of its own, cancels any attempt of it still here, then
+    /// forgets the job (its failure injector, its counters, its subtasks' metric series).
+    fn job_ended(&self, job_id: String) {
+        let left: Vec<Arc<AttemptRuntime>> = self
+            .attempts
+            .map
+            .lock()
+            .map(|mut m| {
+                let keys: Vec<(String, u32)> =
+                    m.keys().filter(|(j, _)| *j == job_id).cloned().collect();
+                keys.iter().filter_map(|k| m.remove(k)).collect()
+            })
+            .unwrap_or_default();
+        let (attempts, worker_id) = (self.attempts.clone(), self.worker_id);
+        let _ = std::thread::Builder::new()
+            .name("forget-job".into())
+            .spawn(move || {
+                let cancelled = left.len();
+                for rt in left {
+                    rt.cancel();
+                }
+                // After the cancellations: a deployment they waited for may have added it.
+                let kept = attempts
+                    .jobs
+                    .lock()
+                    .is_ok_and(|mut jobs| jobs.remove(&job_id).is_some());
+                crate::metrics::forget_job(&job_id);
+                if kept || cancelled > 0 {
+                    info!(
+                        "worker {worker_id}: forgot job {job_id} (cancelled {cancelled} attempts still here)"
+                    );
+                }
+            });
+    }
+
     fn mail(&self, job_id: String, attempt: u32, task: usize, mail: ControlMail) {
         let rt = self
             .attempts
@@ -1469,6 +1504,7 @@ fn session(
                 mail,
             } => session.mail(job_id, attempt, task, mail),
             ToWorker::CancelAttempt { job_id, attempt } => session.cancel(job_id, attempt),
+            ToWorker::JobEnded { job_id } => session.job_ended(job_id),
             ToWorker::Heartbeat | ToWorker::Registered { .. } | ToWorker::Rejected { .. } => {}
         }
     };
