@@ -71,10 +71,11 @@ fn faulty_cluster(ck: &Path, path: Link, deadline: Instant) -> FaultyCluster {
 }
 
 /// Submits the wordcount: parallelism 2, its source throttled so that it runs for seconds,
-/// frequent checkpoints that time out soon (a stalled data link fails them, and the job over),
-/// restarts without end or delay.
-fn submit_job(cluster: &Cluster, out: &Path) -> String {
+/// frequent checkpoints that time out after `checkpoint_timeout`, restarts without end or
+/// delay.
+fn submit_job(cluster: &Cluster, out: &Path, checkpoint_timeout: &str) -> String {
     let out = out.display().to_string();
+    let checkpoint_timeout = format!("execution.checkpointing.timeout={checkpoint_timeout}");
     let words = WORDS.to_string();
     let keys = KEYS.to_string();
     let job = [
@@ -92,7 +93,7 @@ fn submit_job(cluster: &Cluster, out: &Path) -> String {
         "--checkpoint-interval",
         "200ms",
         "-D",
-        "execution.checkpointing.timeout=2s",
+        &checkpoint_timeout,
         "-D",
         "restart-strategy.type=fixed-delay",
         "-D",
@@ -115,7 +116,13 @@ fn run(path: Link, trouble: Trouble) {
     let FaultyCluster { mut cluster, proxy } =
         faulty_cluster(&ck, path, start + Duration::from_secs(30));
     let out = tmp.path().join("out");
-    let jid = submit_job(&cluster, &out);
+    // A data link's faults must be noticed by the link itself (its keepalives and read
+    // timeouts), not by a checkpoint that times out: that one takes ten minutes here.
+    let checkpoint_timeout = match path {
+        Link::Control => "2s",
+        Link::Data => "10min",
+    };
+    let jid = submit_job(&cluster, &out, checkpoint_timeout);
     let rest = cluster.rest;
     cluster
         .coordinator
@@ -137,6 +144,21 @@ fn run(path: Link, trouble: Trouble) {
                 stats.held.load(Relaxed) > 0,
                 "the stalled proxy held nothing"
             );
+            if let Link::Data = path {
+                // The first end to give the silent link up says why (the other may then see
+                // it closed).
+                let silent = "closed: no data or keepalive for 1s";
+                let workers = &mut cluster.workers;
+                cluster.coordinator.wait_until(
+                    "a worker to give the silent data link up",
+                    start + Duration::from_secs(60),
+                    || {
+                        workers
+                            .iter_mut()
+                            .any(|w| w.stderr_so_far().contains(silent))
+                    },
+                );
+            }
             proxy.set(Fault::Pass);
         }
         Trouble::Reset => {
@@ -350,4 +372,106 @@ fn a_connect_to_an_unanswering_peer_times_out() {
     assert!(line.contains("cannot connect to worker"), "{line}");
     cluster.workers = vec![first, second];
     cluster.assert_running();
+}
+
+/// While a deployment hangs in a connect to a peer that does not answer, the worker's control
+/// thread goes on: the worker stays live (heartbeats flow) and it checks, deploys and runs
+/// another job meanwhile — before the hanging connect gives up.
+#[test]
+fn a_hanging_connect_does_not_hold_the_worker_control_thread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (_listener, _queued, nowhere) = unanswering_address();
+    let mut cluster = Cluster::start_with(
+        &tmp.path().join("ck"),
+        0,
+        &["--heartbeat-timeout", "1s"],
+        deadline,
+    );
+    let mut cmd = cluster.worker(1);
+    cmd.args(["--data-advertise", &nowhere.to_string()]);
+    let mut first = Watched::spawn(&mut cmd);
+    first.wait_for_line_containing("registered with the coordinator", deadline);
+    // Two slots: one for the job that hangs, one for the job it must still serve.
+    let mut second = Watched::spawn(&mut cluster.worker(2));
+    second.wait_for_line_containing("registered with the coordinator", deadline);
+    cluster.workers = vec![first, second];
+
+    let out = tmp.path().join("out-hanging").display().to_string();
+    let hanging = submit(
+        cluster.rest,
+        None,
+        &[
+            "wordcount",
+            "-p",
+            "2",
+            "--generate",
+            "1000",
+            "--output",
+            &out,
+        ],
+    );
+    // The deployment is on its way to the second worker, ahead of anything sent to it later.
+    cluster.coordinator.wait_for_line_containing(
+        &format!("job {hanging}: attempt 0 deployed on workers [1, 2]"),
+        deadline,
+    );
+    let out = tmp.path().join("out-served");
+    let served = submit(
+        cluster.rest,
+        None,
+        &[
+            "wordcount",
+            "-p",
+            "1",
+            "--generate",
+            "300",
+            "--keys",
+            "10",
+            "--output",
+            &out.display().to_string(),
+        ],
+    );
+    let rest = cluster.rest;
+    cluster
+        .coordinator
+        .wait_until("the second job to finish", deadline, || {
+            let state = rest_job_state(rest, &served);
+            assert_ne!(state.as_deref(), Some("FAILED"), "the second job failed");
+            state.as_deref() == Some("FINISHED")
+        });
+    assert_eq!(live_workers(rest), Some(2));
+    // The second worker ran the second job before the first job's connect gave up (its connect
+    // timeout is 5 s), as its own log's times say.
+    let second = &mut cluster.workers[1];
+    let logged_at = |stderr: &str, needle: &str| {
+        let line = stderr.lines().find(|l| l.contains(needle))?;
+        line.split_whitespace().next().map(str::to_string)
+    };
+    let (ran, gave_up) = loop {
+        let stderr = second.stderr_so_far();
+        let ran = logged_at(&stderr, &format!("running attempt 0 of job {served}"));
+        let gave_up = logged_at(&stderr, &format!("at {nowhere}: connection timed out"));
+        if let (Some(ran), Some(gave_up)) = (ran, gave_up) {
+            break (ran, gave_up);
+        }
+        second.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "no end of both deployments:\n{stderr}"
+        );
+        std::thread::park_timeout(Duration::from_millis(5));
+    };
+    assert!(
+        ran < gave_up,
+        "the second job ran at {ran}, only after the hanging connect gave up at {gave_up}:\n{}",
+        second.stderr_so_far()
+    );
+    let coordinator = cluster.coordinator.stderr_so_far();
+    assert!(
+        !coordinator.contains("missed its heartbeats"),
+        "{coordinator}"
+    );
+    cluster.assert_running();
+    assert_exactly_once(&out, &generated_counts(300, 10));
 }

@@ -1,5 +1,7 @@
 //! A worker releases what a job's attempts used when they end: after a hundred jobs its
-//! threads and open file descriptors are back to what they were after the first one.
+//! threads and open file descriptors are back to what they were after the first one. And it
+//! forgets a job (its failure injector, its counters, its metric series) once the coordinator
+//! tells it the job ended.
 
 mod common;
 
@@ -134,4 +136,61 @@ fn a_worker_is_back_to_its_idle_threads_and_sockets_after_a_hundred_jobs() {
         let expected = generated_counts(300, 10);
         assert_exactly_once(&tmp.path().join(format!("out-{k}")), &expected);
     }
+}
+
+/// Every worker that ran a job forgets it when the job ends — finished, or cancelled while
+/// it runs — because the coordinator tells every live worker (`ToWorker::JobEnded`).
+#[test]
+fn a_worker_forgets_a_job_once_it_ended() {
+    let tmp = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(60);
+    let mut cluster = Cluster::start(&tmp.path().join("ck"), 0, deadline);
+    for _ in 0..2 {
+        let mut cmd = cluster.worker(1);
+        cluster.workers.push(Watched::spawn(&mut cmd));
+    }
+    for w in &mut cluster.workers {
+        w.wait_for_line_containing("registered with the coordinator", deadline);
+    }
+
+    let finished = small_job(&cluster, &tmp.path().join("out-finished"));
+    wait_finished(&mut cluster, std::slice::from_ref(&finished), deadline);
+    for w in &mut cluster.workers {
+        w.wait_for_line_containing(&format!("forgot job {finished}"), deadline);
+    }
+
+    // A job throttled to run for minutes, cancelled once it runs on both workers.
+    let out = tmp.path().join("out-cancelled").display().to_string();
+    let job = [
+        "wordcount",
+        "-p",
+        "2",
+        "--generate",
+        "1000000",
+        "--rate",
+        "1000",
+        "--output",
+        &out,
+    ];
+    let cancelled = submit(cluster.rest, None, &job);
+    for w in &mut cluster.workers {
+        w.wait_for_line_containing(&format!("attempt 0 of job {cancelled}"), deadline);
+    }
+    run_ok(cairn().args([
+        "cancel",
+        "--rest",
+        &format!("http://{}", cluster.rest),
+        &cancelled,
+    ]));
+    let rest = cluster.rest;
+    cluster
+        .coordinator
+        .wait_until("the job to be cancelled", deadline, || {
+            rest_job_state(rest, &cancelled).as_deref() == Some("CANCELED")
+        });
+    for w in &mut cluster.workers {
+        w.wait_for_line_containing(&format!("forgot job {cancelled}"), deadline);
+    }
+    cluster.assert_running();
 }

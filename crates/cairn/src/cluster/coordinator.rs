@@ -555,7 +555,8 @@ impl Inner {
 
     /// Job `job_id` ended with `result`: its status says how (FAILED with the cause for any
     /// error but a cancel), `_end` records it durably, its slots and routing are released,
-    /// and the history drops the oldest ended jobs beyond its capacity.
+    /// every live worker is told to forget it, and the history drops the oldest ended jobs
+    /// beyond its capacity.
     fn job_ended(
         &self,
         job_id: &str,
@@ -588,6 +589,20 @@ impl Inner {
         }
         // Its subtasks' series, here and as workers reported them.
         crate::metrics::forget_job(job_id);
+        // And what every worker keeps of it.
+        let writers: Vec<Writer> = self
+            .workers
+            .lock()
+            .map(|w| w.values().map(|h| h.writer.clone()).collect())
+            .unwrap_or_default();
+        for w in writers {
+            let _ = send(
+                &w,
+                &ToWorker::JobEnded {
+                    job_id: job_id.to_string(),
+                },
+            );
+        }
         self.workers_changed.notify_all();
         let forgotten = {
             let Ok(mut jobs) = self.jobs.lock() else {

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Version of the wire protocol.
-pub const PROTOCOL_VERSION: u8 = 11;
+pub const PROTOCOL_VERSION: u8 = 12;
 /// Largest frame accepted (payload plus version byte).
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 /// The first read of a frame's body asks for at most this much; later reads double it.
@@ -52,6 +52,11 @@ const HTTP_STARTS: [&[u8; 4]; 9] = [
 ];
 
 impl FrameError {
+    /// Whether the read timed out: the peer sent nothing for the socket's read timeout.
+    pub fn timed_out(&self) -> bool {
+        matches!(self, FrameError::Io(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut))
+    }
+
     /// Whether the peer answered in HTTP: the length prefix of the frame was the beginning of
     /// an HTTP/1 request or response.
     pub fn speaks_http(&self) -> bool {

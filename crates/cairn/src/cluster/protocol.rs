@@ -227,6 +227,12 @@ pub enum ToWorker {
     },
     /// The coordinator is still alive.
     Heartbeat,
+    /// The job reached a terminal state: the worker cancels whatever attempt of it it still
+    /// has and forgets it (its failure injector, its counters, its metric series).
+    JobEnded {
+        /// Job id.
+        job_id: String,
+    },
 }
 
 /// Worker ↔ worker, on a data connection.
@@ -257,6 +263,9 @@ pub enum DataMsg {
         /// Its input channel.
         channel: u32,
     },
+    /// Either end is still there: sent in each direction that carried nothing for a while, so
+    /// that a reader that hears nothing for the I/O timeout knows the link is dead.
+    Keepalive,
 }
 
 /// Compares secrets in constant time.

@@ -71,7 +71,11 @@ const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(2);
 const WRONG_PEER_PAUSE_MAX: Duration = Duration::from_secs(30);
 /// How long a cancellation waits for a deployment in progress to finish starting.
 const DEPLOYING_WAIT: Duration = Duration::from_secs(60);
+/// A data connection's direction that carried nothing for this fraction of the I/O timeout
+/// gets a keepalive: the reader at its other end gives it up after the whole timeout.
+const KEEPALIVES_PER_TIMEOUT: u32 = 4;
 
+/// The control connection's writing end.
 type Writer = Arc<Mutex<TcpStream>>;
 
 /// A local subtask's mailbox and priority mailbox.
@@ -87,6 +91,71 @@ fn connect(addr: &str) -> std::io::Result<TcpStream> {
         }
     }
     Err(last.unwrap_or_else(|| std::io::Error::new(ErrorKind::NotFound, "no address")))
+}
+
+/// The writing end of a data connection (on either worker: frames go one way, credits the
+/// other), shared by what writes on it and by the attempt's keepalive thread.
+struct DataWriter {
+    /// Locked for a whole frame.
+    out: Mutex<Outgoing>,
+    /// The connection again, to shut it down without the lock (which a write to a stalled
+    /// peer holds until its timeout).
+    socket: TcpStream,
+}
+
+struct Outgoing {
+    stream: TcpStream,
+    /// When a frame was last written (the keepalive thread's measure of idleness).
+    written: Instant,
+}
+
+impl DataWriter {
+    /// The writing end of `stream`, whose writes fail after `write_timeout` without progress.
+    fn new(stream: &TcpStream, write_timeout: Duration) -> std::io::Result<Arc<DataWriter>> {
+        stream.set_write_timeout(Some(write_timeout))?;
+        Ok(Arc::new(DataWriter {
+            out: Mutex::new(Outgoing {
+                stream: stream.try_clone()?,
+                written: Instant::now(),
+            }),
+            socket: stream.try_clone()?,
+        }))
+    }
+
+    /// Writes one message. A failed write closes the connection: a frame written in part
+    /// leaves the stream unreadable, and a write that timed out means the peer takes no bytes.
+    fn send(&self, msg: &DataMsg) -> Result<(), FrameError> {
+        let mut out = self.out.lock().map_err(|_| FrameError::Closed)?;
+        Self::write(&mut out, msg, &self.socket)
+    }
+
+    fn write(out: &mut Outgoing, msg: &DataMsg, socket: &TcpStream) -> Result<(), FrameError> {
+        match write_frame(&mut out.stream, msg) {
+            Ok(()) => {
+                out.written = Instant::now();
+                Ok(())
+            }
+            Err(e) => {
+                let _ = socket.shutdown(Shutdown::Both);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends a keepalive if nothing was written for `idle`. A writer holding the lock is
+    /// writing: the direction is not idle, and the keepalive thread does not wait for it.
+    fn keep_alive(&self, idle: Duration) {
+        let Ok(mut out) = self.out.try_lock() else {
+            return;
+        };
+        if out.written.elapsed() >= idle {
+            let _ = Self::write(&mut out, &DataMsg::Keepalive, &self.socket);
+        }
+    }
+
+    fn shutdown(&self, how: Shutdown) {
+        let _ = self.socket.shutdown(how);
+    }
 }
 
 /// Where an attempt is on this worker.
@@ -132,18 +201,20 @@ struct AttemptRuntime {
     spec: DeploySpec,
     worker_id: u32,
     secret: String,
-    /// Write timeout of its data connections; also how long a release waits for peers to close
-    /// them.
+    /// Write and read timeout of its data connections (a reader that hears neither data nor
+    /// keepalives for this long gives the connection up); also how long a release waits for
+    /// peers to close them.
     io_timeout: Duration,
     receivers: Mutex<HashMap<usize, Inbox>>,
     /// `(task, channel)` of every input channel of a local task fed from another worker: the
     /// only addresses a data frame from the network may name.
     remote_inputs: Mutex<HashSet<(usize, usize)>>,
     out_credits: Mutex<HashMap<(usize, usize), Arc<Credit>>>,
-    return_paths: Mutex<HashMap<(usize, usize), Writer>>,
-    peers: Mutex<HashMap<u32, Writer>>,
-    /// Every data connection of the attempt, to close them when it ends.
-    sockets: Mutex<Vec<TcpStream>>,
+    return_paths: Mutex<HashMap<(usize, usize), Arc<DataWriter>>>,
+    peers: Mutex<HashMap<u32, Arc<DataWriter>>>,
+    /// Every data connection of the attempt: to keep them alive while it runs, and to close
+    /// them when it ends.
+    connections: Mutex<Vec<Arc<DataWriter>>>,
     readers: Arc<Readers>,
     deployment: Mutex<Option<Deployment>>,
     phase: Mutex<Phase>,
@@ -164,7 +235,7 @@ impl AttemptRuntime {
             out_credits: Mutex::new(HashMap::new()),
             return_paths: Mutex::new(HashMap::new()),
             peers: Mutex::new(HashMap::new()),
-            sockets: Mutex::new(Vec::new()),
+            connections: Mutex::new(Vec::new()),
             readers: Arc::default(),
             deployment: Mutex::new(None),
             phase: Mutex::new(Phase::Deploying(Vec::new())),
@@ -177,26 +248,21 @@ impl AttemptRuntime {
         (self.spec.job_id.clone(), self.spec.attempt)
     }
 
-    /// Keeps a data connection to close when the attempt ends; closes it at once (false) if
-    /// the attempt already ended.
-    fn track(&self, socket: &TcpStream) -> bool {
-        let Ok(mut sockets) = self.sockets.lock() else {
+    /// Keeps a data connection alive while the attempt runs and closes it when the attempt
+    /// ends; closes it at once (false) if the attempt already ended.
+    fn track(&self, connection: &Arc<DataWriter>) -> bool {
+        let Ok(mut connections) = self.connections.lock() else {
             return false;
         };
         if self.ended.load(Ordering::Acquire) {
-            let _ = socket.shutdown(Shutdown::Both);
+            connection.shutdown(Shutdown::Both);
             return false;
         }
-        match socket.try_clone() {
-            Ok(s) => {
-                sockets.push(s);
-                true
-            }
-            Err(_) => false,
-        }
+        connections.push(connection.clone());
+        true
     }
 
-    fn peer(self: &Arc<Self>, worker: u32) -> Result<Writer, TaskError> {
+    fn peer(self: &Arc<Self>, worker: u32) -> Result<Arc<DataWriter>, TaskError> {
         let mut peers = self.peers.lock().map_err(|_| TaskError::Cancelled)?;
         if let Some(w) = peers.get(&worker) {
             return Ok(w.clone());
@@ -212,20 +278,21 @@ impl AttemptRuntime {
             TaskError::msg(format!("cannot connect to worker {worker} at {addr}: {e}"))
         })?;
         let _ = stream.set_nodelay(true);
-        let _ = stream.set_write_timeout(Some(self.io_timeout));
-        let reader = stream
-            .try_clone()
+        // The peer sends credits or keepalives several times within the timeout.
+        let writer = stream
+            .set_read_timeout(Some(self.io_timeout))
+            .and_then(|()| DataWriter::new(&stream, self.io_timeout))
             .map_err(|e| TaskError::msg(format!("data connection to {addr}: {e}")))?;
-        if !self.track(&stream) {
+        let reader = stream;
+        if !self.track(&writer) {
             return Err(TaskError::Cancelled);
         }
-        let writer: Writer = Arc::new(Mutex::new(stream));
         let hello = DataMsg::Hello {
             secret: self.secret.clone(),
             job_id: self.spec.job_id.clone(),
             attempt: self.spec.attempt,
         };
-        if !send(&writer, &hello) {
+        if writer.send(&hello).is_err() {
             return Err(TaskError::msg(format!(
                 "cannot greet worker {worker} at {addr}"
             )));
@@ -268,7 +335,7 @@ impl AttemptRuntime {
         task: usize,
         channel: usize,
         frame: DataFrame,
-        from: &Writer,
+        from: &Arc<DataWriter>,
     ) -> Result<(), RouteError> {
         // Indices from the network are checked before anything is indexed by them: a task
         // thread trusts the channel numbers of its mail.
@@ -389,6 +456,16 @@ impl AttemptRuntime {
         self.deployment.lock().ok().and_then(|mut d| d.take())
     }
 
+    /// Waits until the attempt's deployment finished starting (true if its subtasks run) or
+    /// `deadline` passed.
+    fn wait_running(&self, deadline: Instant) -> bool {
+        let Ok(phase) = self.phase.lock() else {
+            return false;
+        };
+        let phase = wait_while_deploying(&self.phase_changed, phase, deadline);
+        matches!(*phase, Phase::Running)
+    }
+
     /// Stops every subtask. The data connections are closed first: a subtask blocked writing
     /// to one must not keep the cancellation waiting.
     fn cancel(&self) {
@@ -426,18 +503,30 @@ impl AttemptRuntime {
     }
 
     fn close_sockets(&self, how: Shutdown) {
-        if let Ok(sockets) = self.sockets.lock() {
-            for s in sockets.iter() {
-                let _ = s.shutdown(how);
+        if let Ok(connections) = self.connections.lock() {
+            for c in connections.iter() {
+                c.shutdown(how);
             }
+        }
+    }
+
+    /// Sends a keepalive on every data connection that carried nothing for `idle`.
+    fn keep_alive(&self, idle: Duration) {
+        let connections = self
+            .connections
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default();
+        for c in connections {
+            c.keep_alive(idle);
         }
     }
 
     /// Drops this attempt's handles on its connections and mailboxes, so that nothing of them
     /// outlives it.
     fn forget_connections(&self) {
-        if let Ok(mut s) = self.sockets.lock() {
-            s.clear();
+        if let Ok(mut c) = self.connections.lock() {
+            c.clear();
         }
         if let Ok(mut p) = self.peers.lock() {
             p.clear();
@@ -472,6 +561,32 @@ fn wait_while_deploying<'a>(
     phase
 }
 
+/// Starts the thread that keeps the attempt's data connections alive until it ends: every
+/// direction idle for a fraction of the I/O timeout gets a keepalive, so that the reader at the
+/// other end, which gives a connection up after a whole timeout of silence, tells a stalled
+/// link from a job that has no data to send.
+fn start_keepalives(rt: &Arc<AttemptRuntime>) -> std::io::Result<()> {
+    let rt = rt.clone();
+    let idle = (rt.io_timeout / KEEPALIVES_PER_TIMEOUT).max(Duration::from_millis(1));
+    std::thread::Builder::new()
+        .name("data-keepalive".into())
+        .spawn(move || loop {
+            // Twice per idle period: a direction waits at most one and a half for its keepalive.
+            {
+                let Ok(phase) = rt.phase.lock() else { return };
+                let waited = rt
+                    .phase_changed
+                    .wait_timeout_while(phase, idle / 2, |p| !matches!(p, Phase::Ended));
+                match waited {
+                    Ok((phase, _)) if !matches!(*phase, Phase::Ended) => {}
+                    _ => return,
+                }
+            }
+            rt.keep_alive(idle);
+        })
+        .map(|_| ())
+}
+
 /// The loop of the thread reading credits from peer `worker` on a connection this worker
 /// opened to send it data.
 fn read_credits(
@@ -499,6 +614,7 @@ fn read_credits(
                     None => format!("credit for task {task} channel {channel}, which this worker does not send to"),
                 }
             }
+            Ok(DataMsg::Keepalive) => continue,
             Ok(other) => format!("expected a credit, got {other:?}"),
             // The peer closed the connection: its subtasks ended (and had every frame), or
             // its attempt did. No credit comes any more.
@@ -507,6 +623,10 @@ fn read_credits(
                     rt.lost_peer(worker);
                 }
                 return;
+            }
+            // Silence is a broken connection: a live peer sends keepalives when idle.
+            Err(e) if e.timed_out() => {
+                format!("no data or keepalive for {:?}", rt.io_timeout)
             }
             Err(e) => e.to_string(),
         };
@@ -529,7 +649,7 @@ enum RouteError {
 }
 
 struct RemoteChan {
-    writer: Writer,
+    writer: Arc<DataWriter>,
     task: u32,
     channel: u32,
 }
@@ -541,12 +661,9 @@ impl RemoteChannel for RemoteChan {
             channel: self.channel,
             frame,
         };
-        let mut w = self.writer.lock().map_err(|_| TaskError::Cancelled)?;
-        write_frame(&mut *w, &msg).map_err(|e| {
-            // A torn frame leaves the stream unreadable: the connection is over for everyone.
-            let _ = w.shutdown(Shutdown::Both);
-            TaskError::msg(format!("data connection failed: {e}"))
-        })
+        self.writer
+            .send(&msg)
+            .map_err(|e| TaskError::msg(format!("data connection failed: {e}")))
     }
 }
 
@@ -565,13 +682,10 @@ impl CreditReturn for RemoteCredit {
             .ok()
             .and_then(|p| p.get(&(self.task as usize, self.channel as usize)).cloned());
         if let Some(w) = path {
-            let _ = send(
-                &w,
-                &DataMsg::Credit {
-                    task: self.task,
-                    channel: self.channel,
-                },
-            );
+            let _ = w.send(&DataMsg::Credit {
+                task: self.task,
+                channel: self.channel,
+            });
         }
     }
 }
@@ -634,27 +748,20 @@ struct Attempts {
 }
 
 impl Attempts {
-    /// The attempt once its subtasks run here; None if it is not deployed here by `deadline`
-    /// or ended.
-    fn wait_for(&self, job: &str, attempt: u32, deadline: Instant) -> Option<Arc<AttemptRuntime>> {
-        let rt = {
-            let mut map = self.map.lock().ok()?;
-            loop {
-                if let Some(rt) = map.get(&(job.to_string(), attempt)) {
-                    break rt.clone();
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    return None;
-                }
-                map = self.changed.wait_timeout(map, deadline - now).ok()?.0;
+    /// The attempt once this worker was told to deploy it (it may still be deploying); None
+    /// if that did not happen by `deadline`.
+    fn find(&self, job: &str, attempt: u32, deadline: Instant) -> Option<Arc<AttemptRuntime>> {
+        let mut map = self.map.lock().ok()?;
+        loop {
+            if let Some(rt) = map.get(&(job.to_string(), attempt)) {
+                return Some(rt.clone());
             }
-        };
-        let phase = rt.phase.lock().ok()?;
-        let phase = wait_while_deploying(&rt.phase_changed, phase, deadline);
-        let running = matches!(*phase, Phase::Running);
-        drop(phase);
-        running.then_some(rt)
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            map = self.changed.wait_timeout(map, deadline - now).ok()?.0;
+        }
     }
 
     fn insert(&self, rt: Arc<AttemptRuntime>) {
@@ -694,10 +801,6 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
     let _ = stream.set_nodelay(true);
     // A connection that does not even greet must not hold this thread.
     let _ = stream.set_read_timeout(Some(GREETING_TIMEOUT));
-    let Ok(writer) = stream.try_clone() else {
-        return;
-    };
-    let writer: Writer = Arc::new(Mutex::new(writer));
     let mut reader = stream;
     let mut buf = Vec::new();
     let (job_id, attempt) = match read_frame::<_, DataMsg>(&mut reader, &mut buf) {
@@ -719,18 +822,30 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
             return;
         }
     };
-    // The connecting worker may be a little ahead of our own deployment of the attempt.
-    let Some(rt) = attempts.wait_for(&job_id, attempt, Instant::now() + GREETING_TIMEOUT) else {
+    // The connecting worker may be a little ahead of our own deployment of the attempt. While
+    // that deployment finishes starting, keepalives already go back: the peer's reader must
+    // not take a slow start for a dead link.
+    let deadline = Instant::now() + GREETING_TIMEOUT;
+    let Some(rt) = attempts.find(&job_id, attempt, deadline) else {
         warn!("data connection from {peer} closed: attempt {attempt} of job {job_id} is not deployed here");
         return;
     };
-    // Data may pause for as long as the job has none; a stalled peer is noticed by the
-    // attempt's failover, which closes this connection.
-    let _ = reader.set_read_timeout(None);
-    let _ = reader.set_write_timeout(Some(rt.io_timeout));
-    if !rt.track(&reader) {
+    let Ok(writer) = DataWriter::new(&reader, rt.io_timeout) else {
+        return;
+    };
+    if !rt.track(&writer) {
         return;
     }
+    if !rt.wait_running(deadline) {
+        if !rt.ended.load(Ordering::Acquire) {
+            warn!("data connection from {peer} closed: attempt {attempt} of job {job_id} is not deployed here");
+        }
+        let _ = reader.shutdown(Shutdown::Both);
+        return;
+    }
+    // Data may pause for as long as the job has none, but the peer sends keepalives: silence
+    // for the I/O timeout is a dead link.
+    let _ = reader.set_read_timeout(Some(rt.io_timeout));
     let _guard = ReaderGuard::new(&rt.readers);
     loop {
         match read_frame::<_, DataMsg>(&mut reader, &mut buf) {
@@ -751,6 +866,7 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
                     break;
                 }
             },
+            Ok(DataMsg::Keepalive) => {}
             Ok(other) => {
                 warn!("data connection from {peer} closed: unexpected {other:?}");
                 break;
@@ -758,7 +874,14 @@ fn serve_data_connection(stream: TcpStream, attempts: Arc<Attempts>, secret: Str
             Err(FrameError::Closed) => break,
             Err(e) => {
                 if !rt.ended.load(Ordering::Acquire) {
-                    warn!("data connection from {peer} closed: {e}");
+                    if e.timed_out() {
+                        warn!(
+                            "data connection from {peer} closed: no data or keepalive for {:?}",
+                            rt.io_timeout
+                        );
+                    } else {
+                        warn!("data connection from {peer} closed: {e}");
+                    }
                     // A broken data connection fails the tasks it fed.
                     if let Ok(r) = rt.receivers.lock() {
                         for (mailbox, _) in r.values() {
@@ -931,6 +1054,41 @@ impl Session {
             });
     }
 
+    /// Job `job_id` ended: on a thread of its own, cancels any attempt of it still here, then
+    /// forgets the job (its failure injector, its counters, its subtasks' metric series).
+    fn job_ended(&self, job_id: String) {
+        let left: Vec<Arc<AttemptRuntime>> = self
+            .attempts
+            .map
+            .lock()
+            .map(|mut m| {
+                let keys: Vec<(String, u32)> =
+                    m.keys().filter(|(j, _)| *j == job_id).cloned().collect();
+                keys.iter().filter_map(|k| m.remove(k)).collect()
+            })
+            .unwrap_or_default();
+        let (attempts, worker_id) = (self.attempts.clone(), self.worker_id);
+        let _ = std::thread::Builder::new()
+            .name("forget-job".into())
+            .spawn(move || {
+                let cancelled = left.len();
+                for rt in left {
+                    rt.cancel();
+                }
+                // After the cancellations: a deployment they waited for may have added it.
+                let kept = attempts
+                    .jobs
+                    .lock()
+                    .is_ok_and(|mut jobs| jobs.remove(&job_id).is_some());
+                crate::metrics::forget_job(&job_id);
+                if kept || cancelled > 0 {
+                    info!(
+                        "worker {worker_id}: forgot job {job_id} (cancelled {cancelled} attempts still here)"
+                    );
+                }
+            });
+    }
+
     fn mail(&self, job_id: String, attempt: u32, task: usize, mail: ControlMail) {
         let rt = self
             .attempts
@@ -997,6 +1155,9 @@ fn forward_events(
 fn deploy_attempt(rt: &Arc<AttemptRuntime>, session: &Session) -> Result<(), DeployError> {
     let spec = &rt.spec;
     let worker_id = session.worker_id;
+    // From the start: peers may connect while this deployment builds the job or reads its
+    // checkpoint.
+    start_keepalives(rt).map_err(|e| format!("cannot start a thread: {e}"))?;
     let (graph, config, plan) =
         build_checked(spec, worker_id, &session.opts).map_err(DeployError::Refused)?;
     if plan.total_tasks() != spec.assignment.len() {
@@ -1315,9 +1476,7 @@ fn session(
     let reason = loop {
         let msg = match read_frame::<_, ToWorker>(&mut reader, &mut buf) {
             Ok(m) => m,
-            Err(FrameError::Io(e))
-                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-            {
+            Err(e) if e.timed_out() => {
                 break format!("no heartbeat from the coordinator for {io_timeout:?}");
             }
             Err(e) => break e.to_string(),
@@ -1345,6 +1504,7 @@ fn session(
                 mail,
             } => session.mail(job_id, attempt, task, mail),
             ToWorker::CancelAttempt { job_id, attempt } => session.cancel(job_id, attempt),
+            ToWorker::JobEnded { job_id } => session.job_ended(job_id),
             ToWorker::Heartbeat | ToWorker::Registered { .. } | ToWorker::Rejected { .. } => {}
         }
     };
@@ -1427,6 +1587,32 @@ mod tests {
     /// Attempt 0 of job "j" on worker 2: task 1 runs here with input channel 0 fed from worker 1
     /// and channel 1 fed locally; task 0 runs on worker 1, whose data address is `worker_1`.
     fn attempt(worker_1: &str) -> (Arc<Attempts>, Receiver<Mail>, Receiver<Mail>) {
+        attempt_timing_out(worker_1, Duration::from_secs(20))
+    }
+
+    /// [`attempt`], with data connections that time out after `io_timeout`.
+    fn attempt_timing_out(
+        worker_1: &str,
+        io_timeout: Duration,
+    ) -> (Arc<Attempts>, Receiver<Mail>, Receiver<Mail>) {
+        let rt = running(2, vec![(1, worker_1.to_string())], io_timeout);
+        let links = Links(rt.clone());
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (ptx, prx) = crossbeam_channel::unbounded();
+        links.register_receiver(1, tx, ptx);
+        links.credit_return(1, 0);
+        let attempts = Arc::new(Attempts::default());
+        attempts.map.lock().unwrap().insert(("j".into(), 0), rt);
+        (attempts, rx, prx)
+    }
+
+    /// Attempt 0 of job "j" (task 0 on worker 1, task 1 on worker 2) on worker `worker_id`,
+    /// its subtasks running, the data addresses of the other workers `workers`.
+    fn running(
+        worker_id: u32,
+        workers: Vec<(u32, String)>,
+        io_timeout: Duration,
+    ) -> Arc<AttemptRuntime> {
         let spec = DeploySpec {
             job_id: "j".into(),
             attempt: 0,
@@ -1441,25 +1627,40 @@ mod tests {
             restore: None,
             assignment: vec![1, 2],
             deploy_mask: vec![true, true],
-            workers: vec![(1, worker_1.to_string())],
+            workers,
             sources_stopped: false,
         };
         let rt = Arc::new(AttemptRuntime::new(
             spec,
-            2,
+            worker_id,
             SECRET.into(),
-            Duration::from_secs(20),
+            io_timeout,
         ));
         // Its subtasks run: data connections may route to them.
         *rt.phase.lock().unwrap() = Phase::Running;
-        let links = Links(rt.clone());
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let (ptx, prx) = crossbeam_channel::unbounded();
-        links.register_receiver(1, tx, ptx);
-        links.credit_return(1, 0);
-        let attempts = Arc::new(Attempts::default());
-        attempts.map.lock().unwrap().insert(("j".into(), 0), rt);
-        (attempts, rx, prx)
+        rt
+    }
+
+    /// Serves every data connection to `listener` for `attempts`, as a worker's data port.
+    fn serve_data(listener: TcpListener, attempts: Arc<Attempts>) {
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let attempts = attempts.clone();
+                std::thread::spawn(move || serve_data_connection(stream, attempts, SECRET.into()));
+            }
+        });
+    }
+
+    /// Runs `f` on a thread of its own; its result, or None if it takes longer than `limit`.
+    fn within<T: Send + 'static>(
+        limit: Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit).ok()
     }
 
     /// A peer's data connection, greeted.
@@ -1626,5 +1827,133 @@ mod tests {
         let mut rest = Vec::new();
         let closed = conn.read_to_end(&mut rest);
         assert!(matches!(closed, Ok(0)), "connection not closed: {closed:?}");
+    }
+
+    /// A data connection that carries no data for many read timeouts (an idle source) stays
+    /// up: keepalives flow both ways, and data still passes afterwards.
+    #[test]
+    fn an_idle_data_connection_stays_up_past_the_read_timeout() {
+        let timeout = Duration::from_millis(200);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (attempts, mailbox, _) = attempt_timing_out("127.0.0.1:9", timeout);
+        start_keepalives(&attempts.map.lock().unwrap()[&("j".to_string(), 0)]).unwrap();
+        serve_data(listener, attempts);
+        let sender_rt = running(1, vec![(2, addr)], timeout);
+        start_keepalives(&sender_rt).unwrap();
+        let sender = Links(sender_rt.clone())
+            .channel_to(1, 0, Credit::new(1))
+            .unwrap();
+
+        sender.send_encoded(vec![1], false).unwrap();
+        let delivered = mailbox.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(
+            matches!(&delivered, Mail::Data { element: Element::Encoded(b), .. } if b == &[1]),
+            "{delivered:?}"
+        );
+        // Five read timeouts without data: the receiving end fails no task...
+        let idle = mailbox.recv_timeout(5 * timeout);
+        assert!(idle.is_err(), "the idle connection was given up: {idle:?}");
+        // ...and the sending end still has the channel (a lost peer closes its credits).
+        sender.send_encoded(vec![2], true).unwrap();
+        let delivered = mailbox.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(
+            matches!(&delivered, Mail::Data { element: Element::Encoded(b), .. } if b == &[2]),
+            "{delivered:?}"
+        );
+        drop(sender_rt);
+    }
+
+    /// A data connection that stays open without a byte (a stalled link) is given up by each
+    /// end after the read timeout, as a broken one is: the receiving end fails the tasks it
+    /// fed, the sending end's senders stop waiting for credits.
+    #[test]
+    fn a_silent_data_connection_is_given_up_at_both_ends_after_the_read_timeout() {
+        let timeout = Duration::from_millis(200);
+        let limit = Duration::from_secs(20);
+
+        // The receiving end: the peer greets, then says nothing.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (attempts, mailbox, _) = attempt_timing_out("127.0.0.1:9", timeout);
+        let silent = connect(listener.local_addr().unwrap());
+        let peer = silent.local_addr().unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let log = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .with_ansi(false)
+            .finish();
+        let started = Instant::now();
+        let served = within(limit, move || {
+            tracing::subscriber::with_default(subscriber, || {
+                serve_data_connection(server, attempts, SECRET.into())
+            })
+        });
+        assert!(served.is_some(), "the silent connection was not given up");
+        assert!(started.elapsed() >= timeout, "{:?}", started.elapsed());
+        let failed = mailbox.recv_timeout(limit);
+        assert!(matches!(failed, Ok(Mail::Cancel)), "{failed:?}");
+        let log = log.text();
+        assert!(
+            log.contains(&format!(
+                "WARN cairn::cluster::worker: data connection from {peer} closed: no data or keepalive for 200ms"
+            )),
+            "{log}"
+        );
+
+        // The sending end: the peer accepts, then says nothing; a sender waits for a credit.
+        let quiet = TcpListener::bind("127.0.0.1:0").unwrap();
+        let rt = running(
+            1,
+            vec![(2, quiet.local_addr().unwrap().to_string())],
+            timeout,
+        );
+        let sender = Links(rt.clone()).channel_to(1, 0, Credit::new(0)).unwrap();
+        let (_accepted, _) = quiet.accept().unwrap();
+        let waited = within(limit, move || sender.send_encoded(vec![1], false));
+        assert!(
+            matches!(waited, Some(Err(TaskError::Cancelled))),
+            "the sender still waits for a credit from a silent peer: {waited:?}"
+        );
+        drop(rt);
+    }
+
+    /// A write to a peer that takes no bytes (but is otherwise alive: it sends keepalives)
+    /// fails after the write timeout instead of blocking its task forever.
+    #[test]
+    fn a_write_to_a_peer_that_stops_reading_fails_after_the_write_timeout() {
+        let timeout = Duration::from_millis(200);
+        let peer = TcpListener::bind("127.0.0.1:0").unwrap();
+        let rt = running(
+            1,
+            vec![(2, peer.local_addr().unwrap().to_string())],
+            timeout,
+        );
+        let writer = rt.peer(2).unwrap();
+        let (mut conn, _) = peer.accept().unwrap();
+        std::thread::spawn(move || {
+            // Keepalives pace themselves (they are what a live peer sends), and end when the
+            // worker closes the connection.
+            while write_frame(&mut conn, &DataMsg::Keepalive).is_ok() {
+                std::thread::park_timeout(timeout / 8);
+            }
+        });
+        let chan = RemoteChan {
+            writer,
+            task: 1,
+            channel: 0,
+        };
+        let failed = within(Duration::from_secs(30), move || loop {
+            if let Err(e) = chan.send(DataFrame::Batch(vec![0; 1 << 20])) {
+                break e;
+            }
+        });
+        let Some(e) = failed else {
+            panic!("a write to a peer that takes no bytes still blocks");
+        };
+        assert!(e.to_string().contains("data connection failed"), "{e}");
     }
 }
