@@ -1956,4 +1956,50 @@ mod tests {
         };
         assert!(e.to_string().contains("data connection failed"), "{e}");
     }
+
+    /// Cancelling an attempt releases a task blocked writing to a peer that takes no bytes:
+    /// its sockets are shut before anything waits for its tasks (the write timeout here is a
+    /// minute, the release must come at once).
+    #[test]
+    fn a_cancel_releases_a_write_blocked_on_a_stalled_peer() {
+        let peer = TcpListener::bind("127.0.0.1:0").unwrap();
+        let rt = running(
+            1,
+            vec![(2, peer.local_addr().unwrap().to_string())],
+            Duration::from_secs(60),
+        );
+        let writer = rt.peer(2).unwrap();
+        // Accepted and never read: the writes fill the buffers and block.
+        let (_conn, _) = peer.accept().unwrap();
+        let chan = RemoteChan {
+            writer,
+            task: 1,
+            channel: 0,
+        };
+        let writes = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let started = writes.clone();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let e = loop {
+                started.fetch_add(1, Ordering::SeqCst);
+                if let Err(e) = chan.send(DataFrame::Batch(vec![0; 1 << 20])) {
+                    break e;
+                }
+            };
+            let _ = tx.send(e);
+        });
+        let until = Instant::now() + Duration::from_secs(30);
+        while writes.load(Ordering::SeqCst) < 3 {
+            assert!(
+                Instant::now() < until,
+                "the writes never filled the connection"
+            );
+            std::thread::yield_now();
+        }
+        rt.cancel();
+        let e = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the cancel left a write blocked on the stalled peer");
+        assert!(e.to_string().contains("data connection failed"), "{e}");
+    }
 }
