@@ -780,6 +780,18 @@ impl Attempts {
         }
     }
 
+    /// Forgets every job's state on this worker (failure injector, counters, metric series).
+    fn forget_jobs(&self) {
+        let jobs: Vec<String> = self
+            .jobs
+            .lock()
+            .map(|mut j| j.drain().map(|(id, _)| id).collect())
+            .unwrap_or_default();
+        for job_id in jobs {
+            crate::metrics::forget_job(&job_id);
+        }
+    }
+
     /// Cancels every attempt (the coordinator is gone: nothing can checkpoint or commit).
     fn cancel_all(&self) {
         let all: Vec<Arc<AttemptRuntime>> = self
@@ -1382,8 +1394,10 @@ pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
             }
             last_problem = Some(problem);
         }
-        // Without a coordinator, running subtasks can neither checkpoint nor commit: stop them.
+        // Without a coordinator, running subtasks can neither checkpoint nor commit: stop them,
+        // and forget the jobs (their end would never be told to this worker).
         attempts.cancel_all();
+        attempts.forget_jobs();
         std::thread::sleep(backoff.pause(cap));
     }
 }
