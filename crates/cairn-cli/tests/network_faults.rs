@@ -332,6 +332,24 @@ fn unanswering_address() -> (
     (socket, queued, addr)
 }
 
+/// A coordinator and two workers; the first advertises `nowhere` (see [`unanswering_address`])
+/// as its data address, the second has `second_slots` slots.
+fn cluster_with_an_unanswering_peer(
+    ck: &Path,
+    nowhere: std::net::SocketAddr,
+    second_slots: u32,
+    deadline: Instant,
+) -> (Cluster, Watched, Watched) {
+    let cluster = Cluster::start_with(ck, 0, &["--heartbeat-timeout", "1s"], deadline);
+    let mut cmd = cluster.worker(1);
+    cmd.args(["--data-advertise", &nowhere.to_string()]);
+    let mut first = Watched::spawn(&mut cmd);
+    first.wait_for_line_containing("registered with the coordinator", deadline);
+    let mut second = Watched::spawn(&mut cluster.worker(second_slots));
+    second.wait_for_line_containing("registered with the coordinator", deadline);
+    (cluster, first, second)
+}
+
 /// A worker whose peer's data address does not answer gives up connecting after its connect
 /// timeout (the deployment fails and the job is restarted) instead of hanging in the connect
 /// for the minutes the operating system would wait.
@@ -340,18 +358,8 @@ fn a_connect_to_an_unanswering_peer_times_out() {
     let tmp = tempfile::tempdir().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let (_listener, _queued, nowhere) = unanswering_address();
-    let mut cluster = Cluster::start_with(
-        &tmp.path().join("ck"),
-        0,
-        &["--heartbeat-timeout", "1s"],
-        deadline,
-    );
-    let mut cmd = cluster.worker(1);
-    cmd.args(["--data-advertise", &nowhere.to_string()]);
-    let mut first = Watched::spawn(&mut cmd);
-    first.wait_for_line_containing("registered with the coordinator", deadline);
-    let mut second = Watched::spawn(&mut cluster.worker(1));
-    second.wait_for_line_containing("registered with the coordinator", deadline);
+    let (mut cluster, first, mut second) =
+        cluster_with_an_unanswering_peer(&tmp.path().join("ck"), nowhere, 1, deadline);
     let out = tmp.path().join("out").display().to_string();
     let job = [
         "wordcount",
@@ -382,19 +390,10 @@ fn a_hanging_connect_does_not_hold_the_worker_control_thread() {
     let tmp = tempfile::tempdir().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let (_listener, _queued, nowhere) = unanswering_address();
-    let mut cluster = Cluster::start_with(
-        &tmp.path().join("ck"),
-        0,
-        &["--heartbeat-timeout", "1s"],
-        deadline,
-    );
-    let mut cmd = cluster.worker(1);
-    cmd.args(["--data-advertise", &nowhere.to_string()]);
-    let mut first = Watched::spawn(&mut cmd);
-    first.wait_for_line_containing("registered with the coordinator", deadline);
-    // Two slots: one for the job that hangs, one for the job it must still serve.
-    let mut second = Watched::spawn(&mut cluster.worker(2));
-    second.wait_for_line_containing("registered with the coordinator", deadline);
+    // The second worker has two slots: one for the job that hangs, one for the job it must
+    // still serve.
+    let (mut cluster, first, second) =
+        cluster_with_an_unanswering_peer(&tmp.path().join("ck"), nowhere, 2, deadline);
     cluster.workers = vec![first, second];
 
     let out = tmp.path().join("out-hanging").display().to_string();

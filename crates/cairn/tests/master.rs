@@ -2,8 +2,8 @@
 //! never a sleep (defect: cancellation waited behind it), and one lost worker is one failure
 //! however many regions it hosted (defect: one failure per region).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -53,17 +53,90 @@ fn generated_wordcount() -> cairn::api::JobGraph {
     wordcount::build(&input, 0, &wordcount::WordOutput::Discard).unwrap()
 }
 
-fn wait_for_state(status: &JobStatus, state: JobState) {
+/// Waits until `cond` holds, looking every millisecond (the job's status has no
+/// notification to wait on); fails with `what` after [`DEADLINE`].
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let until = Instant::now() + DEADLINE;
-    while status.view().state != state {
-        assert!(
-            Instant::now() < until,
-            "the job never reached {state:?}: {:?}",
-            status.view().state
-        );
-        std::thread::yield_now();
+    while !cond() {
+        assert!(Instant::now() < until, "{what}");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+fn wait_for_state(status: &JobStatus, state: JobState) {
+    wait_until(&format!("the job never reached {state:?}"), || {
+        status.view().state == state
+    });
+}
+
+/// The options of a run with `config` that fails once, injected after about `expected` records.
+fn one_injected_failure(
+    config: JobConfig,
+    seed: u64,
+    expected: u64,
+    status: &Arc<JobStatus>,
+) -> RunOptions {
+    RunOptions {
+        config,
+        inject: Some(InjectSpec {
+            count: 1,
+            seed,
+            expected_records: expected,
+        }),
+        status: Some(status.clone()),
+        ..RunOptions::default()
+    }
+}
+
+/// Closed until opened; who waits at it blocks (up to [`DEADLINE`]).
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    fn is_open(&self) -> bool {
+        *self.open.lock().unwrap()
+    }
+
+    fn wait(&self) {
+        let open = self.open.lock().unwrap();
+        let _ = self
+            .opened
+            .wait_timeout_while(open, DEADLINE, |open| !*open);
+    }
+}
+
+/// Waits until savepoint request `request` of `status` is answered.
+fn savepoint_answer(status: &JobStatus, request: &str) -> SavepointState {
+    let state = || {
+        status
+            .view()
+            .savepoints
+            .iter()
+            .find(|s| s.request_id == request)
+            .map(|s| s.state.clone())
+            .filter(|s| *s != SavepointState::InProgress)
+    };
+    wait_until("the savepoint request was never answered", || {
+        state().is_some()
+    });
+    state().expect("answered")
+}
+
+/// Asks for a savepoint into a file, not a directory: the master refuses it as soon as it
+/// takes the request. Returns the answer.
+fn refused_savepoint(status: &JobStatus, tmp: &std::path::Path) -> SavepointState {
+    let file = tmp.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let request = status.request_savepoint(file, SavepointKind::Intermediate, false);
+    savepoint_answer(status, &request)
 }
 
 #[test]
@@ -77,16 +150,7 @@ fn a_cancel_during_the_restart_backoff_is_handled_at_once() {
         ("restart-strategy.fixed-delay.delay", "1h"),
     ]);
     let status = JobStatus::new("job".into(), "wordcount".into(), Vec::new());
-    let opts = RunOptions {
-        config,
-        inject: Some(InjectSpec {
-            count: 1,
-            seed: 7,
-            expected_records: 100_000,
-        }),
-        status: Some(status.clone()),
-        ..RunOptions::default()
-    };
+    let opts = one_injected_failure(config, 7, 100_000, &status);
     let result = spawn_run(graph, opts, LocalExecutor);
     wait_for_state(&status, JobState::Restarting);
     status.request_cancel();
@@ -183,13 +247,13 @@ fn failures_beyond_the_restart_budget_end_the_job_without_waiting() {
 /// until `release` is set; counts how often the master asked.
 struct SlowToRedeploy {
     inner: LocalExecutor,
-    release: Arc<AtomicBool>,
+    release: Arc<Gate>,
     asked: Arc<AtomicU32>,
 }
 
 impl Executor for SlowToRedeploy {
     fn poll_ready(&mut self, req: &DeployRequest<'_>) -> Poll<Result<(), TaskError>> {
-        if req.attempt == 0 || self.release.load(Ordering::SeqCst) {
+        if req.attempt == 0 || self.release.is_open() {
             return Poll::Ready(Ok(()));
         }
         self.asked.fetch_add(1, Ordering::SeqCst);
@@ -215,17 +279,8 @@ fn the_master_answers_requests_while_a_redeployment_waits() {
         ("restart-strategy.fixed-delay.delay", "10ms"),
     ]);
     let status = JobStatus::new("job".into(), "wordcount".into(), Vec::new());
-    let opts = RunOptions {
-        config,
-        inject: Some(InjectSpec {
-            count: 1,
-            seed: 7,
-            expected_records: 100_000,
-        }),
-        status: Some(status.clone()),
-        ..RunOptions::default()
-    };
-    let release = Arc::new(AtomicBool::new(false));
+    let opts = one_injected_failure(config, 7, 100_000, &status);
+    let release = Arc::new(Gate::default());
     let asked = Arc::new(AtomicU32::new(0));
     let executor = SlowToRedeploy {
         inner: LocalExecutor,
@@ -233,48 +288,18 @@ fn the_master_answers_requests_while_a_redeployment_waits() {
         asked: asked.clone(),
     };
     let result = spawn_run(graph, opts, executor);
-    let until = Instant::now() + DEADLINE;
-    while asked.load(Ordering::SeqCst) < 3 {
-        assert!(
-            Instant::now() < until,
-            "the redeployment was never asked for"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    // A target that cannot be a directory: the master refuses the savepoint as soon as it
-    // takes the request.
+    wait_until("the redeployment was never asked for", || {
+        asked.load(Ordering::SeqCst) >= 3
+    });
     let tmp = tempfile::tempdir().unwrap();
-    let file = tmp.path().join("a-file");
-    std::fs::write(&file, b"x").unwrap();
-    let request = status.request_savepoint(file, SavepointKind::Intermediate, false);
-    let until = Instant::now() + DEADLINE;
-    let answered = loop {
-        let state = status
-            .view()
-            .savepoints
-            .iter()
-            .find(|s| s.request_id == request)
-            .map(|s| s.state.clone());
-        match state {
-            Some(SavepointState::InProgress) | None => {}
-            Some(other) => break other,
-        }
-        assert!(
-            Instant::now() < until,
-            "the savepoint request waited behind the redeployment"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let answered = refused_savepoint(&status, tmp.path());
     assert!(
         matches!(&answered, SavepointState::Failed { cause } if cause.contains("a-file")),
         "{answered:?}"
     );
-    assert!(
-        !release.load(Ordering::SeqCst),
-        "answered while the redeployment waits"
-    );
+    assert!(!release.is_open(), "answered while the redeployment waits");
     let asked_before = asked.load(Ordering::SeqCst);
-    release.store(true, Ordering::SeqCst);
+    release.open();
     let outcome = result.recv_timeout(DEADLINE).expect("the job must end");
     let summary = outcome.unwrap_or_else(|e| panic!("the job must finish: {e}"));
     assert_eq!(summary.restarts, 1);
@@ -285,7 +310,7 @@ fn the_master_answers_requests_while_a_redeployment_waits() {
 /// preparation makes) blocks until released, as a commit to a slow database would.
 struct SlowToInitialize {
     calls: Arc<AtomicU32>,
-    release: Arc<AtomicBool>,
+    release: Arc<Gate>,
 }
 
 impl Sink<u64> for SlowToInitialize {
@@ -294,10 +319,7 @@ impl Sink<u64> for SlowToInitialize {
     }
     fn initialize(&self, _: &SinkOwner, _: Option<Vec<Vec<u8>>>) -> cairn::TaskResult {
         if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
-            let until = Instant::now() + DEADLINE;
-            while !self.release.load(Ordering::SeqCst) && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            self.release.wait();
         }
         Ok(())
     }
@@ -324,35 +346,13 @@ impl SinkWriter<u64> for Nothing {
     }
 }
 
-/// Waits until savepoint request `request` of `status` is answered.
-fn savepoint_answer(status: &JobStatus, request: &str) -> SavepointState {
-    let until = Instant::now() + DEADLINE;
-    loop {
-        let state = status
-            .view()
-            .savepoints
-            .iter()
-            .find(|s| s.request_id == request)
-            .map(|s| s.state.clone());
-        match state {
-            Some(SavepointState::InProgress) | None => {}
-            Some(other) => return other,
-        }
-        assert!(
-            Instant::now() < until,
-            "the savepoint request was never answered"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// A redeployment's sink initialization (which commits the restored checkpoint's
 /// transactions: storage or network I/O) runs off the job master's thread: a request is
 /// answered while it blocks (defect: the master initialized sinks itself).
 #[test]
 fn the_master_answers_requests_while_a_sink_initializes() {
     let calls = Arc::new(AtomicU32::new(0));
-    let release = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(Gate::default());
     let env = StreamEnv::new();
     env.source(SequenceSource::new(2_000_000, 0, |i| i))
         .uid("numbers")
@@ -378,38 +378,18 @@ fn the_master_answers_requests_while_a_sink_initializes() {
             &tmp.path().join("ck").display().to_string(),
         )
         .unwrap();
-    let opts = RunOptions {
-        config,
-        inject: Some(InjectSpec {
-            count: 1,
-            seed: 3,
-            expected_records: 200_000,
-        }),
-        status: Some(status.clone()),
-        ..RunOptions::default()
-    };
+    let opts = one_injected_failure(config, 3, 200_000, &status);
     let result = spawn_run(graph, opts, LocalExecutor);
-    let until = Instant::now() + DEADLINE;
-    while calls.load(Ordering::SeqCst) < 2 {
-        assert!(
-            Instant::now() < until,
-            "the sink was never initialized for a restart"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let file = tmp.path().join("a-file");
-    std::fs::write(&file, b"x").unwrap();
-    let request = status.request_savepoint(file, SavepointKind::Intermediate, false);
-    let answered = savepoint_answer(&status, &request);
-    assert!(
-        !release.load(Ordering::SeqCst),
-        "answered while the sink initializes"
-    );
+    wait_until("the sink was never initialized for a restart", || {
+        calls.load(Ordering::SeqCst) >= 2
+    });
+    let answered = refused_savepoint(&status, tmp.path());
+    assert!(!release.is_open(), "answered while the sink initializes");
     assert!(
         matches!(&answered, SavepointState::Failed { cause } if cause.contains("a-file")),
         "{answered:?}"
     );
-    release.store(true, Ordering::SeqCst);
+    release.open();
     let outcome = result.recv_timeout(DEADLINE).expect("the job must end");
     let summary = outcome.unwrap_or_else(|e| panic!("the job must finish: {e}"));
     assert_eq!(summary.restarts, 1);

@@ -1596,6 +1596,15 @@ mod tests {
         fn text(&self) -> String {
             String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
         }
+
+        /// A log subscriber writing into this capture.
+        fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
+            let log = self.clone();
+            tracing_subscriber::fmt()
+                .with_writer(move || log.clone())
+                .with_ansi(false)
+                .finish()
+        }
     }
 
     /// Attempt 0 of job "j" on worker 2: task 1 runs here with input channel 0 fed from worker 1
@@ -1743,13 +1752,7 @@ mod tests {
             let peer = conn.local_addr().unwrap();
             let (server, _) = listener.accept().unwrap();
             let log = Captured::default();
-            let subscriber = tracing_subscriber::fmt()
-                .with_writer({
-                    let log = log.clone();
-                    move || log.clone()
-                })
-                .with_ansi(false)
-                .finish();
+            let subscriber = log.subscriber();
             let served = {
                 let attempts = attempts.clone();
                 std::thread::spawn(move || {
@@ -1893,13 +1896,7 @@ mod tests {
         let peer = silent.local_addr().unwrap();
         let (server, _) = listener.accept().unwrap();
         let log = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer({
-                let log = log.clone();
-                move || log.clone()
-            })
-            .with_ansi(false)
-            .finish();
+        let subscriber = log.subscriber();
         let started = Instant::now();
         let served = within(limit, move || {
             tracing::subscriber::with_default(subscriber, || {

@@ -532,7 +532,7 @@ pub(crate) struct Deployer<'a> {
 impl Deployer<'_> {
     /// The request to deploy the subtasks in `mask` (a region) as `attempt`, restored from
     /// `restored`.
-    fn request<'r>(
+    pub(crate) fn request<'r>(
         &'r self,
         restored: Option<&'r LoadedCheckpoint>,
         mask: &'r [bool],
@@ -553,31 +553,6 @@ impl Deployer<'_> {
             tasks: Some(mask),
             sources_stopped,
         }
-    }
-
-    /// Whether the region in `mask` can be deployed as `attempt` now (see
-    /// [`Executor::poll_ready`]).
-    pub(crate) fn poll_ready(
-        &self,
-        executor: &mut dyn Executor,
-        restored: Option<&LoadedCheckpoint>,
-        mask: &[bool],
-        attempt: u32,
-        sources_stopped: bool,
-    ) -> Poll<Result<(), TaskError>> {
-        executor.poll_ready(&self.request(restored, mask, attempt, sources_stopped))
-    }
-
-    /// Deploys the subtasks in `mask` (a region) as `attempt`, restored from `restored`.
-    pub(crate) fn deploy(
-        &self,
-        executor: &mut dyn Executor,
-        restored: Option<&LoadedCheckpoint>,
-        mask: &[bool],
-        attempt: u32,
-        sources_stopped: bool,
-    ) -> Result<Box<dyn Deployed>, TaskError> {
-        executor.deploy(&self.request(restored, mask, attempt, sources_stopped))
     }
 }
 

@@ -414,7 +414,6 @@ impl<'a> JobMaster<'a> {
             // A result of an abandoned deployment's work.
             _ => self.pending = Some(p),
         }
-        self.perform(now);
     }
 
     /// Whether every region of `regions` is ready to deploy: the executor's answer for the
@@ -427,13 +426,10 @@ impl<'a> JobMaster<'a> {
         let total = self.tasks.len();
         for &(r, attempt) in regions {
             let mask = region_mask(&self.regions[r], total);
-            match self.deployer.poll_ready(
-                self.executor,
-                self.restored.as_ref(),
-                &mask,
-                attempt,
-                sources_stopped,
-            ) {
+            let req =
+                self.deployer
+                    .request(self.restored.as_ref(), &mask, attempt, sources_stopped);
+            match self.executor.poll_ready(&req) {
                 Poll::Ready(Ok(())) => {}
                 other => return other,
             }
@@ -526,13 +522,10 @@ impl<'a> JobMaster<'a> {
         let mut infos = Vec::new();
         for &(r, attempt) in regions {
             let mask = region_mask(&self.regions[r], total);
-            let d = self.deployer.deploy(
-                self.executor,
-                self.restored.as_ref(),
-                &mask,
-                attempt,
-                sources_stopped,
-            )?;
+            let req =
+                self.deployer
+                    .request(self.restored.as_ref(), &mask, attempt, sources_stopped);
+            let d = self.executor.deploy(&req)?;
             for t in d.infos() {
                 infos.push(t.info.clone());
                 let index = t.info.index;
