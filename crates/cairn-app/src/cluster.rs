@@ -120,7 +120,7 @@ impl JobSubmitter for Submitter {
 /// failures to inject.
 fn submission(jobs: &Jobs, request: SubmitRequest) -> std::result::Result<JobSubmission, String> {
     let job = jobs.find(&request.job)?;
-    let (params, options) = match (request.params, request.args) {
+    let (params, mut options) = match (request.params, request.args) {
         (Some(_), Some(_)) => return Err("give the job's params or its args, not both".into()),
         (Some(params), None) => (params, JobOptions::default()),
         (None, Some(args)) => {
@@ -133,6 +133,7 @@ fn submission(jobs: &Jobs, request: SubmitRequest) -> std::result::Result<JobSub
         }
         (None, None) => (Value::Object(Default::default()), JobOptions::default()),
     };
+    options.set_first(job.config(&params)?);
     let yaml = match (&request.config_yaml, &options.config) {
         (Some(text), _) => Some(text.clone()),
         (None, Some(path)) => Some(

@@ -82,6 +82,13 @@ pub trait Job: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Configuration keys the parameters themselves set (a SQL script's `SET 'key' =
+    /// 'value'`), as pairs applied after the `--config` file and before `-D` and the flags,
+    /// so that the command line has the last word. None by default.
+    fn config(&self, _params: &Self::Params) -> Result<Vec<(String, String)>, String> {
+        Ok(Vec::new())
+    }
+
     /// The parameters that name files or directories. `submit` makes each relative one
     /// absolute against its own current directory before it sends the parameters, so that
     /// `--output out` means the directory under the submitting shell and not one under the
@@ -113,6 +120,8 @@ pub(crate) trait AnyJob: Send + Sync {
     fn params_from(&self, matches: &ArgMatches) -> Result<Value, String>;
     fn build(&self, params: &Value, ctx: &JobContext) -> Result<JobGraph, String>;
     fn source_records(&self, params: &Value, ctx: &JobContext) -> Result<Option<u64>, String>;
+    /// The configuration the parameters set ([`Job::config`]).
+    fn config(&self, params: &Value) -> Result<Vec<(String, String)>, String>;
     /// The parameters with every relative path of [`Job::paths`] made absolute against `cwd`.
     fn absolute_paths(&self, params: &Value, cwd: &Path) -> Result<Value, String>;
 }
@@ -155,6 +164,10 @@ impl<J: Job> AnyJob for Registered<J> {
 
     fn source_records(&self, params: &Value, ctx: &JobContext) -> Result<Option<u64>, String> {
         self.0.source_records(&self.decode(params)?, ctx)
+    }
+
+    fn config(&self, params: &Value) -> Result<Vec<(String, String)>, String> {
+        self.0.config(&self.decode(params)?)
     }
 
     fn absolute_paths(&self, params: &Value, cwd: &Path) -> Result<Value, String> {

@@ -47,6 +47,8 @@ mod job;
 mod remote;
 mod run;
 mod savepoint;
+#[cfg(feature = "sql")]
+mod sql;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -97,11 +99,16 @@ pub struct App {
 impl App {
     /// An application named `name` (its binary's name in `--help`), with no jobs yet.
     pub fn new(name: impl Into<String>) -> App {
+        #[allow(unused_mut)]
+        let mut jobs = Jobs::default();
+        // Every app runs SQL scripts, so any of its workers can run any script.
+        #[cfg(feature = "sql")]
+        jobs.add(sql::SqlJob);
         App {
             name: name.into(),
             about: None,
             version: None,
-            jobs: Jobs::default(),
+            jobs,
             commands: Vec::new(),
         }
     }
@@ -162,6 +169,15 @@ impl App {
         T: Into<OsString> + Clone,
     {
         let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        #[cfg(feature = "sql")]
+        let args = match sql::rewrite(args) {
+            Ok(Some(args)) => args,
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         let matches = match self.command_line().try_get_matches_from(&args) {
             Ok(m) => m,
             Err(e) => {
@@ -216,6 +232,15 @@ impl App {
         cmd = cmd.subcommand(self.run_command());
         cmd = Verb::augment_subcommands(cmd);
         cmd = cmd.subcommand(self.submit_command());
+        #[cfg(feature = "sql")]
+        {
+            // Shown in --help; the command line is rewritten to `run sql -e …` before parsing.
+            cmd = cmd.subcommand(
+                Command::new("sql")
+                    .about("Run a script of Flink SQL statements embedded: `sql FILE.sql` or `sql -e \"…\"`, with every option of `run` (see `run sql --help`).")
+                    .arg(Arg::new("args").num_args(0..).trailing_var_arg(true).allow_hyphen_values(true)),
+            );
+        }
         for (c, _) in &self.commands {
             cmd = cmd.subcommand(c.clone());
         }

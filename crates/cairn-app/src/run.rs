@@ -141,6 +141,13 @@ impl JobOptions {
         Ok(pairs)
     }
 
+    /// Sets `pairs` ahead of `-D` and the flags (which win over them).
+    pub(crate) fn set_first(&mut self, pairs: Vec<(String, String)>) {
+        let mut define: Vec<String> = pairs.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        define.append(&mut self.define);
+        self.define = define;
+    }
+
     /// Whether a flag, `-D` or a configuration file sets the checkpoint interval.
     fn interval_given(&self) -> bool {
         self.checkpoint_interval.is_some()
@@ -313,13 +320,15 @@ fn summary_json(s: &JobSummary) -> serde_json::Value {
 pub(crate) fn run(
     job: &dyn AnyJob,
     params: &Value,
-    args: RunArgs,
+    mut args: RunArgs,
     argv: &[OsString],
 ) -> Result<ExitCode> {
     let ctx = JobContext {
         seed: args.job.seed,
     };
     let graph = job.build(params, &ctx).map_err(|e| anyhow!(e))?;
+    args.job
+        .set_first(job.config(params).map_err(|e| anyhow!(e))?);
     let config = build_config(&args.job, args.checkpoint_dir.as_deref())?;
     if let Some(warning) = checkpointing_off_warning(&config) {
         eprintln!("{warning}");

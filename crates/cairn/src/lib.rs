@@ -19,6 +19,8 @@ pub mod failpoint;
 pub mod jobs;
 pub mod metrics;
 pub mod runtime;
+#[cfg(feature = "sql")]
+pub mod sql;
 pub mod state;
 pub mod storage;
 pub mod window;

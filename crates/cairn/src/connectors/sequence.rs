@@ -1,4 +1,4 @@
-use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -13,18 +13,28 @@ use super::rate::Pacer;
 pub struct SequenceSource<T> {
     count: u64,
     rate_per_sec: u64,
-    make: fn(u64) -> T,
-    _t: PhantomData<fn() -> T>,
+    make: Make<T>,
 }
 
-impl<T> SequenceSource<T> {
+/// Makes record `i`: a pure function of `i`, so that a restored reader makes the same records.
+type Make<T> = Arc<dyn Fn(u64) -> T + Send + Sync>;
+
+impl<T: 'static> SequenceSource<T> {
     /// A source of `count` records made by `make`, throttled to `rate_per_sec` (0: unthrottled).
     pub fn new(count: u64, rate_per_sec: u64, make: fn(u64) -> T) -> Self {
+        Self::from_fn(count, rate_per_sec, make)
+    }
+
+    /// As [`SequenceSource::new`], with a closure that must be a pure function of the index.
+    pub fn from_fn(
+        count: u64,
+        rate_per_sec: u64,
+        make: impl Fn(u64) -> T + Send + Sync + 'static,
+    ) -> Self {
         SequenceSource {
             count,
             rate_per_sec,
-            make,
-            _t: PhantomData,
+            make: Arc::new(make),
         }
     }
 }
@@ -63,7 +73,7 @@ impl<T: Send + 'static> Source<T> for SequenceSource<T> {
         let share: f64 = splits.iter().map(|s| 1.0 / s.of.max(1) as f64).sum();
         Ok(Box::new(SequenceReader {
             splits,
-            make: self.make,
+            make: self.make.clone(),
             pacer: Pacer::new(self.rate_per_sec as f64 * share, Instant::now()),
             last: 0,
         }))
@@ -72,7 +82,7 @@ impl<T: Send + 'static> Source<T> for SequenceSource<T> {
 
 struct SequenceReader<T> {
     splits: Vec<Split>,
-    make: fn(u64) -> T,
+    make: Make<T>,
     pacer: Pacer,
     /// The split the last poll read from.
     last: usize,

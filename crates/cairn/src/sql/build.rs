@@ -1,0 +1,735 @@
+//! A planned script made into a job graph: each relation becomes DataStream operators whose
+//! uids derive from the plan (the sink's table, the operator's kind and a digest of it and
+//! everything it reads), and `EXPLAIN` prints the same tree.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{
+    AggregateFunction, Collector, DataStream, JobGraph, KeyedProcessFunction, ProcessFunction,
+    StreamEnv, TimeWindow, WindowAssigner,
+};
+use crate::error::{TaskError, TaskResult};
+use crate::state::{KeyedContext, OperatorStateStore, StateTtlConfig, ValueState};
+
+use super::agg::{Acc, AggCall};
+use super::connectors;
+use super::expr::Expr;
+use super::parse::{parse_script, Insert, Statement};
+use super::plan::{coerce, plan_query, Catalog, Node, Rel, Time, WindowKind};
+use super::types::{Row, RowKind, Value};
+use super::SqlError;
+
+type Result<T> = std::result::Result<T, SqlError>;
+
+/// The planner options (`SET 'table.…'`) cairn knows.
+const TABLE_OPTIONS: &[&str] = &["table.exec.state.ttl"];
+
+/// A compiled script: its job graph and the plan `EXPLAIN` prints.
+pub struct Compiled {
+    /// The job graph.
+    pub graph: JobGraph,
+    /// The plan as text.
+    pub plan: String,
+    /// Whether the script asked for `EXPLAIN` (print the plan, run nothing).
+    pub explain: bool,
+    /// How many records the sources read in all, if every source's count is known.
+    pub source_records: Option<u64>,
+}
+
+/// Compiles a script into a job graph; `seed` seeds generated tables (`nexmark`, `datagen`).
+pub fn compile(script: &str, seed: u64) -> Result<Compiled> {
+    let statements = parse_script(script)?;
+    let mut catalog = Catalog::default();
+    let mut ttl = None;
+    let mut job: Vec<Insert> = Vec::new();
+    let mut print_query = None;
+    let mut explain = false;
+    let mut job_at = None;
+    for s in statements {
+        let s = match s {
+            Statement::Explain(inner) => {
+                explain = true;
+                *inner
+            }
+            other => other,
+        };
+        match s {
+            Statement::CreateTable(def) => catalog.add_table(*def)?,
+            Statement::CreateView { name, query, at } => {
+                if catalog.tables.contains_key(&name) || catalog.views.contains_key(&name) {
+                    return Err(SqlError::at(at, format!("view '{name}' is defined twice")));
+                }
+                plan_query(&query, &catalog)?;
+                catalog.views.insert(name, query);
+            }
+            Statement::Set { key, value, at } => {
+                if key.starts_with("table.") {
+                    if !TABLE_OPTIONS.contains(&key.as_str()) {
+                        return Err(SqlError::at(
+                            at,
+                            format!(
+                                "planner option '{key}' is not supported (supported: {})",
+                                TABLE_OPTIONS.join(", ")
+                            ),
+                        ));
+                    }
+                    let d = crate::config::parse_duration(&value)
+                        .map_err(|e| SqlError::at(at, format!("'{key}': {e}")))?;
+                    ttl = (!d.is_zero()).then_some(d);
+                }
+            }
+            Statement::Insert(insert) => {
+                if let Some(prev) = job_at.replace(insert.at) {
+                    return Err(several_jobs(prev));
+                }
+                job.push(insert);
+            }
+            Statement::StatementSet(inserts, at) => {
+                if let Some(prev) = job_at.replace(at) {
+                    return Err(several_jobs(prev));
+                }
+                job.extend(inserts);
+            }
+            Statement::Query(q, at) => {
+                if let Some(prev) = job_at.replace(at) {
+                    return Err(several_jobs(prev));
+                }
+                print_query = Some(q);
+            }
+            Statement::Explain(_) => {
+                return Err(SqlError::msg("EXPLAIN EXPLAIN is not a statement"))
+            }
+        }
+    }
+    let env = StreamEnv::new();
+    let mut builder = Builder {
+        env: &env,
+        seed,
+        ttl,
+        plan: String::new(),
+        records: Some(0),
+    };
+    if let Some(q) = print_query {
+        let rel = plan_query(&q, &catalog)?;
+        builder.print(rel)?;
+    }
+    for insert in &job {
+        builder.insert(insert, &catalog)?;
+    }
+    if job.is_empty() && builder.plan.is_empty() {
+        return Err(SqlError::msg(
+            "the script has no INSERT INTO, statement set or query to run",
+        ));
+    }
+    let (plan, source_records) = (builder.plan, builder.records);
+    let graph = env.build("sql").map_err(SqlError::msg)?;
+    Ok(Compiled {
+        graph,
+        plan,
+        explain,
+        source_records,
+    })
+}
+
+/// The plan of a script, as `EXPLAIN` prints it.
+pub fn explain(script: &str) -> Result<String> {
+    compile(script, 0).map(|c| c.plan)
+}
+
+fn several_jobs(first: sqlparser::tokenizer::Location) -> SqlError {
+    SqlError::msg(format!(
+        "a script runs one job, and the job of line {} comes before this one: put several INSERT INTO statements in one statement set (BEGIN STATEMENT SET; …; END;)",
+        first.line
+    ))
+}
+
+struct Builder<'a> {
+    env: &'a StreamEnv,
+    seed: u64,
+    ttl: Option<Duration>,
+    plan: String,
+    records: Option<u64>,
+}
+
+/// What a built relation is: its stream and the digest its uid carries.
+struct Built {
+    stream: DataStream<Row>,
+    digest: u32,
+}
+
+fn digest(text: &str, inputs: &[u32]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(text.as_bytes());
+    for i in inputs {
+        h.update(&i.to_le_bytes());
+    }
+    h.finalize()
+}
+
+impl Builder<'_> {
+    fn insert(&mut self, insert: &Insert, catalog: &Catalog) -> Result<()> {
+        let Some(table) = catalog.tables.get(&insert.table) else {
+            let names = catalog.tables.keys().map(String::as_str);
+            return Err(SqlError::at(
+                insert.at,
+                format!(
+                    "table '{}' not found{}",
+                    insert.table,
+                    super::did_you_mean(&insert.table, names)
+                ),
+            ));
+        };
+        let rel = plan_query(&insert.query, catalog)?;
+        let target = &table.columns[..table.physical];
+        if table.physical != table.columns.len() {
+            return Err(SqlError::at(
+                insert.at,
+                format!(
+                    "table '{}' has computed columns: it can only be read",
+                    table.def.name
+                ),
+            ));
+        }
+        if rel.columns.len() != target.len() {
+            return Err(SqlError::at(
+                insert.at,
+                format!(
+                    "the query gives {} columns, table '{}' has {}",
+                    rel.columns.len(),
+                    table.def.name,
+                    target.len()
+                ),
+            ));
+        }
+        let mut project = Vec::new();
+        let mut cast = false;
+        for (i, (c, t)) in rel.columns.iter().zip(target).enumerate() {
+            if !c.ty.fits(&t.ty) {
+                return Err(SqlError::at(
+                    insert.at,
+                    format!(
+                        "column {} ('{}') of the query is {}, column '{}' of table '{}' is {}",
+                        i + 1,
+                        c.name,
+                        c.ty,
+                        t.name,
+                        table.def.name,
+                        t.ty
+                    ),
+                ));
+            }
+            let e = if c.ty == t.ty {
+                Expr::Col(i)
+            } else {
+                coerce(Expr::Cast(Box::new(Expr::Col(i)), t.ty.clone()), &t.ty)
+            };
+            cast |= e.as_col().is_none();
+            project.push(e);
+        }
+        let mut rel = rel;
+        if cast {
+            let updating = rel.updating;
+            rel = Rel {
+                node: Node::Calc {
+                    input: Box::new(rel),
+                    filter: None,
+                    project,
+                },
+                columns: target.to_vec(),
+                updating,
+            };
+        }
+        let updating = rel.updating;
+        let name = table.def.name.clone();
+        let mark = self.plan.len();
+        let built = self.build(&rel, &name, 1)?;
+        let uid = format!(
+            "{name}.sink-{:08x}",
+            digest(&format!("sink {:?}", table.def.options), &[built.digest])
+        );
+        let line = format!(
+            "sink: {name} ({}, {}) uid={uid}\n",
+            table
+                .def
+                .options
+                .get("connector")
+                .map_or("", String::as_str),
+            if updating { "changelog" } else { "append-only" }
+        );
+        self.plan.insert_str(mark, &line);
+        connectors::sink(built.stream, table, updating, &uid)?;
+        Ok(())
+    }
+
+    fn print(&mut self, rel: Rel) -> Result<()> {
+        let mark = self.plan.len();
+        let built = self.build(&rel, "query", 1)?;
+        let uid = format!("query.print-{:08x}", built.digest);
+        self.plan
+            .insert_str(mark, &format!("print to standard output uid={uid}\n"));
+        let encoder = Arc::new(|row: &Row, out: &mut Vec<u8>| {
+            let mut line = String::from(row.kind.short());
+            line.push('[');
+            for (i, v) in row.values.iter().enumerate() {
+                if i > 0 {
+                    line.push_str(", ");
+                }
+                v.write_text(&mut line, "null");
+            }
+            line.push_str("]\n");
+            out.extend_from_slice(line.as_bytes());
+        });
+        built
+            .stream
+            .sink(crate::connectors::PrintSink::new(encoder))
+            .uid(&uid);
+        Ok(())
+    }
+
+    /// Builds `rel` (and its inputs, printed indented by `depth` into the plan).
+    fn build(&mut self, rel: &Rel, prefix: &str, depth: usize) -> Result<Built> {
+        let (built, line) = match &rel.node {
+            Node::Scan(table) => {
+                let d = digest(
+                    &format!("scan {} {:?}", table.def.name, table.def.options),
+                    &[],
+                );
+                let uid = format!("{prefix}.source-{}-{d:08x}", table.def.name);
+                let stream = connectors::source(self.env, table, &uid, self.seed)?;
+                self.records = self
+                    .records
+                    .zip(connectors::source_rows(table))
+                    .map(|(a, b)| a + b);
+                let wm = match table.rowtime {
+                    Some((c, delay)) => {
+                        format!(", watermark {} - {delay} ms", table.columns[c].name)
+                    }
+                    None => String::new(),
+                };
+                (
+                    Built { stream, digest: d },
+                    format!(
+                        "source: {} ({}{wm}) uid={uid}",
+                        table.def.name,
+                        table
+                            .def
+                            .options
+                            .get("connector")
+                            .map_or("", String::as_str)
+                    ),
+                )
+            }
+            Node::Calc {
+                input,
+                filter,
+                project,
+            } => {
+                let mark = self.plan.len();
+                let inner = self.build(input, prefix, depth + 1)?;
+                let text = format!("calc filter={filter:?} project={project:?}");
+                let d = digest(&text, &[inner.digest]);
+                let uid = format!("{prefix}.calc-{d:08x}");
+                let rowtime = rel.columns.iter().position(|c| c.time == Time::Rowtime);
+                let f = CalcFn {
+                    filter: filter.clone(),
+                    project: Arc::new(project.clone()),
+                    moves: Arc::new(moves(project)),
+                };
+                let mut stream = inner.stream.process(f).uid(&uid).name("calc");
+                if let Some(t) = rowtime {
+                    stream = stream.with_timestamps(move |r: &Row| {
+                        r.values.get(t).and_then(Value::as_i64).unwrap_or(i64::MIN)
+                    });
+                }
+                let cols: Vec<&str> = rel.columns.iter().map(|c| c.name.as_str()).collect();
+                let line = format!(
+                    "calc: [{}]{} uid={uid}",
+                    cols.join(", "),
+                    if filter.is_some() { " where …" } else { "" }
+                );
+                self.plan
+                    .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
+                return Ok(Built { stream, digest: d });
+            }
+            Node::Union(inputs) => {
+                let mark = self.plan.len();
+                let mut built = Vec::new();
+                for i in inputs {
+                    built.push(self.build(i, prefix, depth + 1)?);
+                }
+                let d = digest("union", &built.iter().map(|b| b.digest).collect::<Vec<_>>());
+                let mut it = built.into_iter();
+                let first = it.next().ok_or_else(|| SqlError::msg("an empty UNION"))?;
+                let stream = first.stream.union(it.map(|b| b.stream).collect());
+                self.plan
+                    .insert_str(mark, &format!("{}union all\n", "  ".repeat(depth)));
+                return Ok(Built { stream, digest: d });
+            }
+            Node::WindowAgg {
+                input,
+                window,
+                proctime,
+                keys,
+                aggs,
+            } => {
+                let mark = self.plan.len();
+                let inner = self.build(input, prefix, depth + 1)?;
+                let text = format!("window {window:?} {proctime} {keys} {aggs:?}");
+                let d = digest(&text, &[inner.digest]);
+                let uid = format!("{prefix}.window-{d:08x}");
+                let time_col = input.columns.len() - 1;
+                let mut stream = inner.stream;
+                if !proctime {
+                    stream = stream.with_timestamps(move |r: &Row| {
+                        r.values
+                            .get(time_col)
+                            .and_then(Value::as_i64)
+                            .unwrap_or(i64::MIN)
+                    });
+                }
+                let assigner = assigner(window, *proctime)?;
+                let k = *keys;
+                let agg = SqlAggregate {
+                    aggs: Arc::new(aggs.clone()),
+                };
+                let out = stream
+                    .key_by(move |r: &Row| r.values[..k].to_vec())
+                    .window(assigner)
+                    .aggregate_process(
+                        agg,
+                        |key: &Vec<Value>,
+                         w: TimeWindow,
+                         results: Vec<Value>,
+                         out: &mut Collector<Row>| {
+                            let mut values = Vec::with_capacity(key.len() + 3 + results.len());
+                            values.extend(key.iter().cloned());
+                            values.extend([
+                                Value::Ts(w.start),
+                                Value::Ts(w.end),
+                                Value::Ts(w.max_timestamp()),
+                            ]);
+                            values.extend(results);
+                            out.collect(Row::insert(values));
+                        },
+                    )
+                    .uid(&uid)
+                    .name("window aggregate");
+                let window_time = k + 2;
+                let out = if *proctime {
+                    out
+                } else {
+                    out.with_timestamps(move |r: &Row| {
+                        r.values
+                            .get(window_time)
+                            .and_then(Value::as_i64)
+                            .unwrap_or(i64::MIN)
+                    })
+                };
+                let key_names: Vec<&str> =
+                    input.columns[..k].iter().map(|c| c.name.as_str()).collect();
+                let line = format!(
+                    "window aggregate: {} key=[{}] aggregates={} state=accumulators per key and window, timers uid={uid}",
+                    window_text(window, *proctime),
+                    key_names.join(", "),
+                    aggs_text(aggs)
+                );
+                self.plan
+                    .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
+                return Ok(Built {
+                    stream: out,
+                    digest: d,
+                });
+            }
+            Node::GroupAgg { input, keys, aggs } => {
+                let mark = self.plan.len();
+                let inner = self.build(input, prefix, depth + 1)?;
+                let text = format!("group {keys} {aggs:?} {:?}", self.ttl);
+                let d = digest(&text, &[inner.digest]);
+                let uid = format!("{prefix}.group-{d:08x}");
+                let k = *keys;
+                let f = GroupAggFn {
+                    aggs: Arc::new(aggs.clone()),
+                    keys: k,
+                    retracting: input.updating,
+                    ttl: self.ttl,
+                    state: None,
+                };
+                let stream = inner
+                    .stream
+                    .key_by(move |r: &Row| r.values[..k].to_vec())
+                    .process(f)
+                    .uid(&uid)
+                    .name("group aggregate");
+                let key_names: Vec<&str> =
+                    input.columns[..k].iter().map(|c| c.name.as_str()).collect();
+                let ttl = self
+                    .ttl
+                    .map(|t| format!(", ttl {} ms", t.as_millis()))
+                    .unwrap_or_default();
+                let line = format!(
+                    "group aggregate (changelog): key=[{}] aggregates={} state=accumulators and last result per key{ttl} uid={uid}",
+                    key_names.join(", "),
+                    aggs_text(aggs)
+                );
+                self.plan
+                    .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
+                return Ok(Built { stream, digest: d });
+            }
+        };
+        let _ = writeln!(self.plan, "{}{line}", "  ".repeat(depth));
+        Ok(built)
+    }
+}
+
+fn window_text(w: &WindowKind, proctime: bool) -> String {
+    let clock = if proctime {
+        "processing time"
+    } else {
+        "event time"
+    };
+    match w {
+        WindowKind::Tumble { size, offset } => {
+            format!("TUMBLE({size} ms, offset {offset} ms, {clock})")
+        }
+        WindowKind::Hop {
+            slide,
+            size,
+            offset,
+        } => format!("HOP(slide {slide} ms, size {size} ms, offset {offset} ms, {clock})"),
+        WindowKind::Session { gap } => format!("SESSION(gap {gap} ms, {clock})"),
+    }
+}
+
+fn aggs_text(aggs: &[AggCall]) -> String {
+    let parts: Vec<String> = aggs
+        .iter()
+        .map(|a| {
+            let arg = a.arg.map_or("*".to_string(), |i| format!("${i}"));
+            let distinct = if a.distinct { "DISTINCT " } else { "" };
+            let filter = a
+                .filter
+                .map(|f| format!(" FILTER ${f}"))
+                .unwrap_or_default();
+            format!("{:?}({distinct}{arg}){filter}", a.kind).to_uppercase()
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+fn assigner(w: &WindowKind, proctime: bool) -> Result<WindowAssigner> {
+    let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
+    let offset = |o: i64| {
+        if o < 0 {
+            Err(SqlError::msg("a negative window offset is not supported"))
+        } else {
+            Ok(ms(o))
+        }
+    };
+    let a = match w {
+        WindowKind::Tumble { size, offset: o } => {
+            WindowAssigner::tumbling(ms(*size)).with_offset(offset(*o)?)
+        }
+        WindowKind::Hop {
+            slide,
+            size,
+            offset: o,
+        } => WindowAssigner::sliding(ms(*size), ms(*slide)).with_offset(offset(*o)?),
+        WindowKind::Session { gap } => WindowAssigner::session(ms(*gap)),
+    };
+    let a = if proctime { a.on_processing_time() } else { a };
+    a.validate().map_err(SqlError::msg)?;
+    Ok(a)
+}
+
+/// Which projections may move their column out of the row instead of cloning it: plain
+/// column references of a column no other projection reads.
+fn moves(project: &[Expr]) -> Vec<bool> {
+    project
+        .iter()
+        .map(|e| match e {
+            // Computed projections are evaluated before any column moves, so only another
+            // reference to the same column forbids the move.
+            Expr::Col(i) => project.iter().filter(|x| x.as_col() == Some(*i)).count() == 1,
+            _ => false,
+        })
+        .collect()
+}
+
+/// Filters and projects each row.
+#[derive(Clone)]
+struct CalcFn {
+    filter: Option<Expr>,
+    project: Arc<Vec<Expr>>,
+    moves: Arc<Vec<bool>>,
+}
+
+fn eval_err(m: String) -> TaskError {
+    TaskError::Unrecoverable(format!("SQL expression: {m}"))
+}
+
+impl ProcessFunction<Row, Row> for CalcFn {
+    fn process(
+        &mut self,
+        mut row: Row,
+        _: &mut OperatorStateStore,
+        out: &mut Collector<Row>,
+    ) -> TaskResult {
+        if let Some(f) = &self.filter {
+            if !f.test(&row.values).map_err(eval_err)? {
+                return Ok(());
+            }
+        }
+        let mut values = Vec::with_capacity(self.project.len());
+        // Computed projections first: they read the row before columns move out of it.
+        for (e, m) in self.project.iter().zip(self.moves.iter()) {
+            values.push(if *m {
+                Value::Null
+            } else {
+                e.eval(&row.values).map_err(eval_err)?
+            });
+        }
+        for ((e, m), slot) in self
+            .project
+            .iter()
+            .zip(self.moves.iter())
+            .zip(values.iter_mut())
+        {
+            if let (true, Some(i)) = (*m, e.as_col()) {
+                *slot = std::mem::take(&mut row.values[i]);
+            }
+        }
+        out.collect(Row {
+            kind: row.kind,
+            values,
+        });
+        Ok(())
+    }
+}
+
+/// The aggregates of a window, accumulated incrementally (per pane for HOP).
+#[derive(Clone)]
+struct SqlAggregate {
+    aggs: Arc<Vec<AggCall>>,
+}
+
+impl AggregateFunction<Row, Vec<Value>> for SqlAggregate {
+    type Acc = Vec<Acc>;
+
+    fn create(&self) -> Vec<Acc> {
+        self.aggs.iter().map(|a| a.create(false)).collect()
+    }
+
+    fn add(&self, acc: &mut Vec<Acc>, row: Row) {
+        for (a, x) in self.aggs.iter().zip(acc.iter_mut()) {
+            // Types are checked by the planner: arithmetic on accumulators cannot fail.
+            let _ = a.accumulate(x, &row.values, 1);
+        }
+    }
+
+    fn merge(&self, acc: &mut Vec<Acc>, other: &Vec<Acc>) {
+        for ((a, x), y) in self.aggs.iter().zip(acc.iter_mut()).zip(other) {
+            let _ = a.merge(x, y);
+        }
+    }
+
+    fn result(&self, acc: &Vec<Acc>) -> Vec<Value> {
+        self.aggs
+            .iter()
+            .zip(acc)
+            .map(|(a, x)| a.result(x).unwrap_or(Value::Null))
+            .collect()
+    }
+}
+
+/// An updating aggregation's state per key: accumulators, the count of rows in the group,
+/// and the result last emitted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct GroupState {
+    accs: Vec<Acc>,
+    rows: i64,
+    last: Option<Vec<Value>>,
+}
+
+/// `GROUP BY` without a window: emits +I for a new group, -U/+U when its result changes,
+/// -D when its last row is retracted.
+#[derive(Clone)]
+struct GroupAggFn {
+    aggs: Arc<Vec<AggCall>>,
+    keys: usize,
+    retracting: bool,
+    ttl: Option<Duration>,
+    state: Option<ValueState<GroupState>>,
+}
+
+const GROUP_STATE: &str = "sql.group";
+
+impl KeyedProcessFunction<Vec<Value>, Row, Row> for GroupAggFn {
+    fn open(&mut self, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
+        self.state = Some(match self.ttl {
+            Some(t) => ctx.value_state_with_ttl(GROUP_STATE, StateTtlConfig::new(t))?,
+            None => ctx.value_state(GROUP_STATE)?,
+        });
+        Ok(())
+    }
+
+    fn process(
+        &mut self,
+        row: Row,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        out: &mut Collector<Row>,
+    ) -> TaskResult {
+        let Some(state) = &self.state else {
+            return Ok(());
+        };
+        let sign = if row.kind.is_addition() { 1 } else { -1 };
+        if sign < 0 && state.value(ctx)?.is_none() {
+            return Ok(());
+        }
+        // The group's accumulators change in place: a clone per record would cost as much as
+        // the accumulators hold (a COUNT(DISTINCT …) holds every distinct value).
+        let (aggs, retracting) = (&self.aggs, self.retracting);
+        let group = state.get_mut(ctx, || GroupState {
+            accs: aggs.iter().map(|a| a.create(retracting)).collect(),
+            rows: 0,
+            last: None,
+        })?;
+        for (a, acc) in aggs.iter().zip(group.accs.iter_mut()) {
+            a.accumulate(acc, &row.values, sign).map_err(eval_err)?;
+        }
+        group.rows += sign;
+        if group.rows <= 0 {
+            if let Some(last) = group.last.take() {
+                out.collect(Row {
+                    kind: RowKind::Delete,
+                    values: last,
+                });
+            }
+            return state.clear(ctx);
+        }
+        let mut result: Vec<Value> = row.values[..self.keys].to_vec();
+        for (a, acc) in aggs.iter().zip(&group.accs) {
+            result.push(a.result(acc).map_err(eval_err)?);
+        }
+        if group.last.as_ref() == Some(&result) {
+            return Ok(());
+        }
+        match group.last.replace(result.clone()) {
+            None => out.collect(Row::insert(result)),
+            Some(last) => {
+                out.collect(Row {
+                    kind: RowKind::UpdateBefore,
+                    values: last,
+                });
+                out.collect(Row {
+                    kind: RowKind::UpdateAfter,
+                    values: result,
+                });
+            }
+        }
+        Ok(())
+    }
+}

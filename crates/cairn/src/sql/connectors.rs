@@ -1,0 +1,840 @@
+//! SQL tables over cairn's connectors, with Flink's option names: sources (`nexmark`,
+//! `datagen`, `filesystem`) that make [`Row`]s, and sinks (`filesystem`, `print`,
+//! `blackhole`) that take them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::api::{DataStream, StreamEnv, WatermarkStrategy};
+use crate::connectors::{
+    DiscardSink, FileSink, FileSource, NexmarkEvent, NexmarkGenerator, NexmarkSource, PrintSink,
+    SequenceSource,
+};
+use crate::error::{TaskError, TaskResult};
+use crate::runtime::chain::{Source, SourceReader, SourceStatus};
+
+use super::plan::Table;
+use super::types::{parse_timestamp, write_timestamp, Row, RowKind, SqlType, Value};
+use super::SqlError;
+
+/// The connectors SQL tables can use.
+pub const CONNECTORS: &[&str] = &["nexmark", "datagen", "filesystem", "print", "blackhole"];
+
+/// Connectors of Flink that cairn's SQL does not offer yet.
+const NOT_YET: &[&str] = &["kafka", "upsert-kafka", "jdbc"];
+
+type Result<T> = std::result::Result<T, SqlError>;
+
+fn table_err<T>(table: &Table, message: impl std::fmt::Display) -> Result<T> {
+    Err(SqlError::at(
+        table.def.at,
+        format!("table '{}': {message}", table.def.name),
+    ))
+}
+
+/// The table's options, each read at most once, so that unknown ones are refused.
+struct Options<'a> {
+    table: &'a Table,
+    left: BTreeMap<String, String>,
+}
+
+impl<'a> Options<'a> {
+    fn new(table: &'a Table) -> Options<'a> {
+        let mut left = table.def.options.clone();
+        left.remove("connector");
+        Options { table, left }
+    }
+
+    fn take(&mut self, key: &str) -> Option<String> {
+        self.left.remove(key)
+    }
+
+    fn number(&mut self, key: &str, default: u64) -> Result<u64> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(v) => v.trim().parse().or_else(|_| {
+                table_err(
+                    self.table,
+                    format!("option '{key}' must be a whole number, got '{v}'"),
+                )
+            }),
+        }
+    }
+
+    /// Refuses the options nobody read.
+    fn finish(self, connector: &str, known: &[&str]) -> Result<()> {
+        match self.left.keys().next() {
+            None => Ok(()),
+            Some(k) => table_err(
+                self.table,
+                format!(
+                    "unsupported option '{k}' for connector '{connector}' (supported: {}){}",
+                    known.join(", "),
+                    super::did_you_mean(k, known.iter().copied())
+                ),
+            ),
+        }
+    }
+}
+
+fn connector(table: &Table) -> Result<String> {
+    match table.def.options.get("connector") {
+        Some(c) if CONNECTORS.contains(&c.as_str()) => Ok(c.clone()),
+        Some(c) if NOT_YET.contains(&c.as_str()) => table_err(
+            table,
+            format!(
+                "connector '{c}' is not supported by cairn's SQL yet (available: {})",
+                CONNECTORS.join(", ")
+            ),
+        ),
+        Some(c) => table_err(
+            table,
+            format!(
+                "unknown connector '{c}' (available: {}){}",
+                CONNECTORS.join(", "),
+                super::did_you_mean(c, CONNECTORS.iter().copied())
+            ),
+        ),
+        None => table_err(table, "the WITH options name no 'connector'"),
+    }
+}
+
+/// How many rows a table's source reads, if that is known before it runs (`nexmark`'s
+/// `events.num`, `datagen`'s `number-of-rows`).
+pub fn source_rows(table: &Table) -> Option<u64> {
+    let option = match table.def.options.get("connector")?.as_str() {
+        "nexmark" => "events.num",
+        "datagen" => "number-of-rows",
+        _ => return None,
+    };
+    table.def.options.get(option)?.trim().parse().ok()
+}
+
+/// Reads a table: its rows, computed columns included, with timestamps and watermarks when
+/// it declares a `WATERMARK`.
+pub fn source(
+    env: &StreamEnv,
+    table: &Arc<Table>,
+    uid: &str,
+    seed: u64,
+) -> Result<DataStream<Row>> {
+    let name = connector(table)?;
+    let mut options = Options::new(table);
+    match name.as_str() {
+        "nexmark" => {
+            let source = nexmark(table, &mut options, seed)?;
+            options.finish("nexmark", NEXMARK_OPTIONS)?;
+            Ok(attach(env, source, table, uid))
+        }
+        "datagen" => {
+            let source = datagen(table, &mut options)?;
+            options.finish("datagen", DATAGEN_OPTIONS)?;
+            Ok(attach(env, source, table, uid))
+        }
+        "filesystem" => {
+            let path = options.take("path").ok_or_else(|| {
+                SqlError::at(
+                    table.def.at,
+                    format!("table '{}': option 'path' is required", table.def.name),
+                )
+            })?;
+            let format = Format::of(table, &mut options)?;
+            options.finish("filesystem", FILESYSTEM_OPTIONS)?;
+            let types: Vec<SqlType> = table.columns[..table.physical]
+                .iter()
+                .map(|c| c.ty.clone())
+                .collect();
+            let names: Vec<String> = table.columns[..table.physical]
+                .iter()
+                .map(|c| c.name.clone())
+                .collect();
+            let parse = Arc::new(move |line: String| format.parse(&line, &names, &types));
+            Ok(attach(
+                env,
+                MapSource {
+                    inner: FileSource::new(path),
+                    map: parse,
+                },
+                table,
+                uid,
+            ))
+        }
+        _ => table_err(table, format!("connector '{name}' can only be written to")),
+    }
+}
+
+type RowMap<T> = Arc<dyn Fn(T) -> TaskResult<Row> + Send + Sync>;
+
+fn attach(
+    env: &StreamEnv,
+    source: impl Source<Row>,
+    table: &Arc<Table>,
+    uid: &str,
+) -> DataStream<Row> {
+    let computed = Arc::new(table.computed.clone());
+    let source = Computed {
+        inner: source,
+        computed,
+    };
+    let stream = match table.rowtime {
+        Some((col, delay)) => {
+            let ts = move |r: &Row| {
+                r.values
+                    .get(col)
+                    .and_then(Value::as_i64)
+                    .unwrap_or(i64::MIN)
+            };
+            let strategy = WatermarkStrategy::bounded_out_of_orderness(
+                std::time::Duration::from_millis(delay.max(0) as u64),
+                ts,
+            );
+            env.source_with_watermarks(source, strategy)
+        }
+        None => env.source(source),
+    };
+    stream.uid(uid).name(&format!("source: {}", table.def.name))
+}
+
+/// A source whose records are mapped into rows, batch by batch.
+struct MapSource<S, T> {
+    inner: S,
+    map: RowMap<T>,
+}
+
+impl<S: Source<T>, T: Send + 'static> Source<Row> for MapSource<S, T> {
+    fn create_splits(&self, parallelism: u32) -> TaskResult<Vec<Vec<u8>>> {
+        self.inner.create_splits(parallelism)
+    }
+
+    fn create_reader(
+        &self,
+        subtask: u32,
+        parallelism: u32,
+        splits: Vec<Vec<u8>>,
+    ) -> TaskResult<Box<dyn SourceReader<Row>>> {
+        Ok(Box::new(MapReader {
+            inner: self.inner.create_reader(subtask, parallelism, splits)?,
+            map: self.map.clone(),
+            scratch: Vec::new(),
+        }))
+    }
+}
+
+struct MapReader<T> {
+    inner: Box<dyn SourceReader<T>>,
+    map: RowMap<T>,
+    scratch: Vec<T>,
+}
+
+impl<T: Send> SourceReader<Row> for MapReader<T> {
+    fn poll(&mut self, out: &mut Vec<Row>, max: usize) -> TaskResult<SourceStatus> {
+        let status = self.inner.poll(&mut self.scratch, max)?;
+        out.reserve(self.scratch.len());
+        for record in self.scratch.drain(..) {
+            out.push((self.map)(record)?);
+        }
+        Ok(status)
+    }
+    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
+        self.inner.snapshot()
+    }
+    fn last_split(&self) -> usize {
+        self.inner.last_split()
+    }
+    fn split_count(&self) -> usize {
+        self.inner.split_count()
+    }
+    fn split_finished(&self, index: usize) -> bool {
+        self.inner.split_finished(index)
+    }
+    fn snapshot_taken(&mut self, checkpoint_id: u64) {
+        self.inner.snapshot_taken(checkpoint_id)
+    }
+    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
+        self.inner.notify_complete(checkpoint_id)
+    }
+}
+
+/// Appends the computed columns to every row a source reads (before timestamps are taken,
+/// so that a computed column can be the event time).
+struct Computed<S> {
+    inner: S,
+    computed: Arc<Vec<super::expr::Expr>>,
+}
+
+impl<S: Source<Row>> Source<Row> for Computed<S> {
+    fn create_splits(&self, parallelism: u32) -> TaskResult<Vec<Vec<u8>>> {
+        self.inner.create_splits(parallelism)
+    }
+
+    fn create_reader(
+        &self,
+        subtask: u32,
+        parallelism: u32,
+        splits: Vec<Vec<u8>>,
+    ) -> TaskResult<Box<dyn SourceReader<Row>>> {
+        let inner = self.inner.create_reader(subtask, parallelism, splits)?;
+        if self.computed.is_empty() {
+            return Ok(inner);
+        }
+        Ok(Box::new(ComputedReader {
+            inner,
+            computed: self.computed.clone(),
+        }))
+    }
+}
+
+struct ComputedReader {
+    inner: Box<dyn SourceReader<Row>>,
+    computed: Arc<Vec<super::expr::Expr>>,
+}
+
+impl SourceReader<Row> for ComputedReader {
+    fn poll(&mut self, out: &mut Vec<Row>, max: usize) -> TaskResult<SourceStatus> {
+        let from = out.len();
+        let status = self.inner.poll(out, max)?;
+        for row in &mut out[from..] {
+            let physical = row.values.len();
+            for e in self.computed.iter() {
+                let v = e
+                    .eval(&row.values[..physical])
+                    .map_err(|m| TaskError::Unrecoverable(format!("computed column: {m}")))?;
+                row.values.push(v);
+            }
+        }
+        Ok(status)
+    }
+    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
+        self.inner.snapshot()
+    }
+    fn last_split(&self) -> usize {
+        self.inner.last_split()
+    }
+    fn split_count(&self) -> usize {
+        self.inner.split_count()
+    }
+    fn split_finished(&self, index: usize) -> bool {
+        self.inner.split_finished(index)
+    }
+    fn snapshot_taken(&mut self, checkpoint_id: u64) {
+        self.inner.snapshot_taken(checkpoint_id)
+    }
+    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
+        self.inner.notify_complete(checkpoint_id)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// nexmark
+
+const NEXMARK_OPTIONS: &[&str] = &[
+    "events.num",
+    "first-event.rate",
+    "next-event.rate",
+    "person.proportion",
+    "auction.proportion",
+    "bid.proportion",
+    "seed",
+];
+
+fn ts() -> SqlType {
+    SqlType::Timestamp { ltz: false }
+}
+
+/// The field types of the nexmark table's person, auction and bid rows.
+fn nexmark_types() -> [Vec<SqlType>; 3] {
+    use SqlType::{BigInt as B, String as S};
+    [
+        vec![B, S, S, S, S, S, ts(), S],
+        vec![B, S, S, B, B, ts(), ts(), B, B, S],
+        vec![B, B, B, S, S, ts(), S],
+    ]
+}
+
+fn nexmark(
+    table: &Table,
+    options: &mut Options,
+    seed: u64,
+) -> Result<MapSource<NexmarkSource, NexmarkEvent>> {
+    let expected = "event_type INT, person ROW<id BIGINT, name VARCHAR, emailAddress VARCHAR, creditCard VARCHAR, city VARCHAR, state VARCHAR, dateTime TIMESTAMP(3), extra VARCHAR>, auction ROW<id BIGINT, itemName VARCHAR, description VARCHAR, initialBid BIGINT, reserve BIGINT, dateTime TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, category BIGINT, extra VARCHAR>, bid ROW<auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, dateTime TIMESTAMP(3), extra VARCHAR>";
+    let physical = &table.columns[..table.physical];
+    let types = nexmark_types();
+    let matches = physical.len() == 4
+        && physical[0].ty == SqlType::Int
+        && physical[1..].iter().zip(&types).all(|(c, t)| matches!(&c.ty, SqlType::Row(f) if f.iter().map(|(_, ty)| ty.clone()).collect::<Vec<_>>() == *t));
+    if !matches {
+        return table_err(
+            table,
+            format!(
+                "a nexmark table has the physical columns ({expected}), plus any computed columns"
+            ),
+        );
+    }
+    let events = options.number("events.num", 100_000_000)?;
+    let first = options.number("first-event.rate", 10_000)?;
+    let next = options.number("next-event.rate", first)?;
+    if first != next {
+        return table_err(
+            table,
+            "different 'first-event.rate' and 'next-event.rate' are not supported",
+        );
+    }
+    let proportions = [
+        options.number("person.proportion", 1)?,
+        options.number("auction.proportion", 3)?,
+        options.number("bid.proportion", 46)?,
+    ];
+    if proportions[0] * 3 != proportions[1] || proportions[0] * 46 != proportions[2] {
+        return table_err(table, "only nexmark's standard proportions 1:3:46 of persons, auctions and bids are supported");
+    }
+    let seed = options.number("seed", seed)?;
+    if events == 0 || next == 0 {
+        return table_err(table, "'events.num' and the event rate must be at least 1");
+    }
+    let source = NexmarkSource::new(events, NexmarkGenerator::new(seed, next));
+    Ok(MapSource {
+        inner: source,
+        map: Arc::new(|e| Ok(nexmark_row(e))),
+    })
+}
+
+fn s(v: compact_str::CompactString) -> Value {
+    Value::Str(v)
+}
+
+fn nexmark_row(e: NexmarkEvent) -> Row {
+    let mut values = vec![Value::Null, Value::Null, Value::Null, Value::Null];
+    match e {
+        NexmarkEvent::Person(p) => {
+            values[0] = Value::Int(0);
+            values[1] = Value::Row(Box::new([
+                Value::Int(p.id),
+                s(p.name),
+                s(p.email_address),
+                s(p.credit_card),
+                s(p.city),
+                s(p.state),
+                Value::Ts(p.date_time),
+                s(p.extra),
+            ]));
+        }
+        NexmarkEvent::Auction(a) => {
+            values[0] = Value::Int(1);
+            values[2] = Value::Row(Box::new([
+                Value::Int(a.id),
+                s(a.item_name),
+                s(a.description),
+                Value::Int(a.initial_bid),
+                Value::Int(a.reserve),
+                Value::Ts(a.date_time),
+                Value::Ts(a.expires),
+                Value::Int(a.seller),
+                Value::Int(a.category),
+                s(a.extra),
+            ]));
+        }
+        NexmarkEvent::Bid(b) => {
+            values[0] = Value::Int(2);
+            values[3] = Value::Row(Box::new([
+                Value::Int(b.auction),
+                Value::Int(b.bidder),
+                Value::Int(b.price),
+                s(b.channel),
+                s(b.url),
+                Value::Ts(b.date_time),
+                s(b.extra),
+            ]));
+        }
+    }
+    Row::insert(values)
+}
+
+// ---------------------------------------------------------------------------------------
+// datagen
+
+const DATAGEN_OPTIONS: &[&str] = &[
+    "number-of-rows",
+    "rows-per-second",
+    "fields.#.kind",
+    "fields.#.min",
+    "fields.#.max",
+    "fields.#.start",
+    "fields.#.end",
+    "fields.#.length",
+];
+
+/// How datagen makes a field.
+#[derive(Clone)]
+enum FieldGen {
+    Sequence(i64),
+    Random { min: i64, max: i64, length: usize },
+}
+
+fn datagen(table: &Table, options: &mut Options) -> Result<SequenceSource<Row>> {
+    let rows = options.number("number-of-rows", u64::MAX)?;
+    let rate = options.number("rows-per-second", 10_000)?;
+    if rows == u64::MAX && rate == 0 {
+        return table_err(
+            table,
+            "an unbounded datagen table needs a 'rows-per-second' above 0",
+        );
+    }
+    let mut gens = Vec::new();
+    for c in &table.columns[..table.physical] {
+        let key = |k: &str| format!("fields.{}.{k}", c.name);
+        let kind = options
+            .take(&key("kind"))
+            .unwrap_or_else(|| "random".into());
+        let gen = match kind.as_str() {
+            "sequence" => {
+                let start = options.number(&key("start"), 0)? as i64;
+                let end = options.number(&key("end"), u64::MAX / 2)? as i64;
+                if end < start || ((end - start) as u64).saturating_add(1) < rows {
+                    return table_err(table, format!("field '{}': the sequence {start}..={end} is shorter than 'number-of-rows'", c.name));
+                }
+                FieldGen::Sequence(start)
+            }
+            "random" => {
+                let min = options
+                    .take(&key("min"))
+                    .map(|v| v.parse::<i64>())
+                    .transpose()
+                    .map_err(|_| {
+                        SqlError::at(
+                            table.def.at,
+                            format!("field '{}': 'min' must be a whole number", c.name),
+                        )
+                    })?
+                    .unwrap_or(0);
+                let max = options
+                    .take(&key("max"))
+                    .map(|v| v.parse::<i64>())
+                    .transpose()
+                    .map_err(|_| {
+                        SqlError::at(
+                            table.def.at,
+                            format!("field '{}': 'max' must be a whole number", c.name),
+                        )
+                    })?
+                    .unwrap_or(i64::from(i32::MAX));
+                let length = options.number(&key("length"), 10)? as usize;
+                if max < min {
+                    return table_err(table, format!("field '{}': 'max' is below 'min'", c.name));
+                }
+                FieldGen::Random { min, max, length }
+            }
+            other => {
+                return table_err(
+                    table,
+                    format!(
+                        "field '{}': unknown kind '{other}' (sequence, random)",
+                        c.name
+                    ),
+                )
+            }
+        };
+        if matches!(c.ty, SqlType::Row(_) | SqlType::Decimal(..)) {
+            return table_err(
+                table,
+                format!("datagen cannot make column '{}' of type {}", c.name, c.ty),
+            );
+        }
+        gens.push((gen, c.ty.clone()));
+    }
+    let gens = Arc::new(gens);
+    // Event time of generated timestamps: one row per 1/rate s from 2024-01-01.
+    let step = 1000u64.checked_div(rate).map_or(1, |s| s.max(1)) as i64;
+    let base = parse_timestamp("2024-01-01").unwrap_or(0);
+    Ok(SequenceSource::from_fn(rows, rate, move |i| {
+        let values = gens
+            .iter()
+            .enumerate()
+            .map(|(f, (gen, ty))| {
+                let n = match gen {
+                    FieldGen::Sequence(start) => start.wrapping_add(i as i64),
+                    FieldGen::Random { min, max, .. } => {
+                        let span = (max - min) as u64 + 1;
+                        min + (mix(i, f as u64) % span.max(1)) as i64
+                    }
+                };
+                match ty {
+                    SqlType::Boolean => Value::Bool(n % 2 == 0),
+                    SqlType::Int | SqlType::BigInt => Value::Int(n),
+                    SqlType::Double => Value::Double(n as f64),
+                    SqlType::String => match gen {
+                        FieldGen::Sequence(_) => Value::Str(n.to_string().into()),
+                        FieldGen::Random { length, .. } => {
+                            Value::Str(random_text(i, f as u64, *length).into())
+                        }
+                    },
+                    SqlType::Timestamp { .. } => Value::Ts(base + i as i64 * step),
+                    _ => Value::Null,
+                }
+            })
+            .collect();
+        Row::insert(values)
+    }))
+}
+
+/// A well-mixed hash of a row index and a field (splitmix64).
+fn mix(i: u64, field: u64) -> u64 {
+    let mut z = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ field.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn random_text(i: u64, field: u64, length: usize) -> String {
+    (0..length)
+        .map(|k| (b'a' + (mix(i, field * 1000 + k as u64) % 26) as u8) as char)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// formats
+
+/// The options of the `filesystem` connector.
+const FILESYSTEM_OPTIONS: &[&str] = &["path", "format", "csv.field-delimiter"];
+
+/// A line format of the filesystem connector.
+#[derive(Debug, Clone, Copy)]
+pub enum Format {
+    /// Values separated by a delimiter (`csv.field-delimiter`, default `,`), `"` quoting.
+    Csv(char),
+    /// One JSON object per line.
+    Json,
+}
+
+impl Format {
+    /// The format a table's options name, taking its own options (`csv.field-delimiter`).
+    fn of(table: &Table, options: &mut Options) -> Result<Format> {
+        match options.take("format").as_deref() {
+            Some("csv") => {
+                let delimiter = match options.take("csv.field-delimiter").as_deref() {
+                    None => ',',
+                    Some("\\t") => '\t',
+                    Some(d) if d.chars().count() == 1 && !matches!(d, "\"" | "\n" | "\r") => {
+                        d.chars().next().unwrap_or(',')
+                    }
+                    Some(d) => {
+                        return table_err(
+                            table,
+                            format!("option 'csv.field-delimiter' must be one character (or '\\t'), got '{d}'"),
+                        )
+                    }
+                };
+                Ok(Format::Csv(delimiter))
+            }
+            Some("json") => Ok(Format::Json),
+            Some(other) => table_err(table, format!("unsupported format '{other}' (csv, json)")),
+            None => table_err(table, "option 'format' is required (csv, json)"),
+        }
+    }
+
+    fn parse(&self, line: &str, names: &[String], types: &[SqlType]) -> TaskResult<Row> {
+        let bad = |m: String| {
+            TaskError::Unrecoverable(format!(
+                "cannot parse input line '{}': {m}",
+                line.chars().take(200).collect::<String>()
+            ))
+        };
+        let mut values = Vec::with_capacity(types.len());
+        match self {
+            Format::Csv(delimiter) => {
+                let fields = split_csv(line, *delimiter);
+                if fields.len() != types.len() {
+                    return Err(bad(format!(
+                        "{} fields, the table has {} columns",
+                        fields.len(),
+                        types.len()
+                    )));
+                }
+                for (text, ty) in fields.iter().zip(types) {
+                    values.push(if text.is_empty() && *ty != SqlType::String {
+                        Value::Null
+                    } else {
+                        from_text(text, ty).map_err(&bad)?
+                    });
+                }
+            }
+            Format::Json => {
+                let object: serde_json::Map<String, serde_json::Value> =
+                    serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+                for (name, ty) in names.iter().zip(types) {
+                    values.push(match object.get(name) {
+                        None | Some(serde_json::Value::Null) => Value::Null,
+                        Some(serde_json::Value::String(s)) => from_text(s, ty).map_err(&bad)?,
+                        Some(serde_json::Value::Bool(b)) => Value::Bool(*b),
+                        Some(other) => from_text(&other.to_string(), ty).map_err(&bad)?,
+                    });
+                }
+            }
+        }
+        Ok(Row::insert(values))
+    }
+
+    /// Appends `row` as a line, ended by `\n`.
+    pub fn write(&self, row: &Row, names: &[String], out: &mut Vec<u8>) {
+        let mut line = String::new();
+        match self {
+            Format::Csv(delimiter) => {
+                for (i, v) in row.values.iter().enumerate() {
+                    if i > 0 {
+                        line.push(*delimiter);
+                    }
+                    let mut text = String::new();
+                    v.write_text(&mut text, "");
+                    if text.contains([*delimiter, '"', '\n', '\r']) {
+                        line.push('"');
+                        line.push_str(&text.replace('"', "\"\""));
+                        line.push('"');
+                    } else {
+                        line.push_str(&text);
+                    }
+                }
+            }
+            Format::Json => {
+                let mut object = serde_json::Map::new();
+                for (name, v) in names.iter().zip(&row.values) {
+                    object.insert(name.clone(), json_value(v));
+                }
+                line = serde_json::Value::Object(object).to_string();
+            }
+        }
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+    }
+}
+
+fn json_value(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Null => serde_json::Value::Null,
+        Value::Bool(b) => (*b).into(),
+        Value::Int(i) => (*i).into(),
+        Value::Double(d) => serde_json::Number::from_f64(*d)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number),
+        Value::Decimal(..) => {
+            let mut s = String::new();
+            v.write_text(&mut s, "");
+            serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s))
+        }
+        Value::Str(s) => serde_json::Value::String(s.to_string()),
+        Value::Ts(ms) => {
+            let mut s = String::new();
+            write_timestamp(&mut s, *ms);
+            serde_json::Value::String(s)
+        }
+        Value::Row(f) => serde_json::Value::Array(f.iter().map(json_value).collect()),
+    }
+}
+
+fn from_text(text: &str, ty: &SqlType) -> std::result::Result<Value, String> {
+    let bad = || format!("'{text}' is not a {ty}");
+    Ok(match ty {
+        SqlType::String => Value::Str(text.into()),
+        SqlType::Boolean => match text.trim().to_ascii_lowercase().as_str() {
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            _ => return Err(bad()),
+        },
+        SqlType::Int | SqlType::BigInt => Value::Int(text.trim().parse().map_err(|_| bad())?),
+        SqlType::Double => Value::Double(text.trim().parse().map_err(|_| bad())?),
+        SqlType::Decimal(_, scale) => {
+            let (u, s) = super::types::parse_decimal(text).ok_or_else(bad)?;
+            super::expr::cast(Value::Decimal(u, s), &SqlType::Decimal(38, *scale))?
+        }
+        SqlType::Timestamp { .. } => Value::Ts(parse_timestamp(text).ok_or_else(bad)?),
+        _ => return Err(format!("columns of type {ty} cannot be read from text")),
+    })
+}
+
+fn split_csv(line: &str, delimiter: char) -> Vec<String> {
+    let mut fields = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (c, false) if c == delimiter => fields.push(std::mem::take(&mut field)),
+            (c, _) => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
+// ---------------------------------------------------------------------------------------
+// sinks
+
+/// Writes `stream` into `table`; `updating`: its rows are a changelog.
+pub fn sink(stream: DataStream<Row>, table: &Table, updating: bool, uid: &str) -> Result<()> {
+    let name = connector(table)?;
+    let mut options = Options::new(table);
+    let names: Vec<String> = table.columns.iter().map(|c| c.name.clone()).collect();
+    let stream = stream.name(&format!("sink: {}", table.def.name));
+    match name.as_str() {
+        "blackhole" => {
+            options.finish("blackhole", &[])?;
+            stream.sink(DiscardSink).uid(uid);
+        }
+        "print" => {
+            let prefix = options
+                .take("print-identifier")
+                .map(|p| format!("{p}> "))
+                .unwrap_or_default();
+            options.finish("print", &["print-identifier"])?;
+            let encoder = Arc::new(move |row: &Row, out: &mut Vec<u8>| {
+                let mut line = prefix.clone();
+                line.push_str(row.kind.short());
+                line.push('[');
+                for (i, v) in row.values.iter().enumerate() {
+                    if i > 0 {
+                        line.push_str(", ");
+                    }
+                    v.write_text(&mut line, "null");
+                }
+                line.push_str("]\n");
+                out.extend_from_slice(line.as_bytes());
+            });
+            stream.sink(PrintSink::new(encoder)).uid(uid);
+        }
+        "filesystem" => {
+            if updating {
+                return table_err(table, "the filesystem sink only appends: it cannot take the updates (a changelog) of this query");
+            }
+            let path = options.take("path").ok_or_else(|| {
+                SqlError::at(
+                    table.def.at,
+                    format!("table '{}': option 'path' is required", table.def.name),
+                )
+            })?;
+            let format = Format::of(table, &mut options)?;
+            options.finish("filesystem", FILESYSTEM_OPTIONS)?;
+            let encoder = Arc::new(move |row: &Row, out: &mut Vec<u8>| {
+                debug_assert_eq!(row.kind, RowKind::Insert);
+                format.write(row, &names, out)
+            });
+            stream.sink(FileSink::new(path, encoder)).uid(uid);
+        }
+        _ => return table_err(table, format!("connector '{name}' can only be read")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_unquote() {
+        assert_eq!(
+            split_csv(r#"a,"b,c","d""e",,"#, ','),
+            vec!["a", "b,c", "d\"e", "", ""]
+        );
+    }
+}

@@ -1,0 +1,902 @@
+//! Compiled scalar expressions: a tree the binder builds once from the SQL text, with every
+//! name resolved to a column index and every type checked, evaluated on each row.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use compact_str::{CompactString, ToCompactString};
+
+use super::types::{parse_decimal, parse_timestamp, rescale, timestamp_parts, SqlType, Value};
+
+/// A binary operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinOp {
+    /// `+`
+    Add,
+    /// `-`
+    Sub,
+    /// `*`
+    Mul,
+    /// `/`
+    Div,
+    /// `%`, `MOD`
+    Mod,
+    /// `=`
+    Eq,
+    /// `<>`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+    /// `AND`
+    And,
+    /// `OR`
+    Or,
+    /// `||`
+    Concat,
+}
+
+/// A built-in function.
+#[derive(Debug, Clone)]
+pub enum Func {
+    Abs,
+    Floor,
+    Ceil,
+    Round,
+    Power,
+    Sqrt,
+    Upper,
+    Lower,
+    CharLength,
+    /// `SUBSTRING(s, start[, length])`, 1-based.
+    Substring,
+    /// `TRIM(s)` (both sides, spaces).
+    Trim,
+    /// `CONCAT(a, b, …)`: `NULL` if any is.
+    Concat,
+    Replace,
+    /// `POSITION(needle IN haystack)`, 1-based, 0 if absent.
+    Position,
+    /// `SPLIT_INDEX(s, separator, index)`, 0-based.
+    SplitIndex,
+    /// `REGEXP_EXTRACT(s, regex[, group])`.
+    RegexpExtract(Arc<regex::Regex>),
+    /// `REGEXP(s, regex)`: whether it matches.
+    Regexp(Arc<regex::Regex>),
+    /// `DATE_FORMAT(ts, pattern)` with Java's pattern letters `yyyy MM dd HH mm ss SSS`.
+    DateFormat,
+    /// `EXTRACT(unit FROM ts)`, `YEAR(ts)`, …
+    Extract(TimeUnit),
+    /// `TO_TIMESTAMP(string)`.
+    ToTimestamp,
+    /// `TO_TIMESTAMP_LTZ(ms, 3)`.
+    ToTimestampLtz,
+    /// `PROCTIME()`, `CURRENT_TIMESTAMP`, `NOW()`: the wall clock.
+    Now,
+    Coalesce,
+    NullIf,
+    /// `IF(condition, then, else)`.
+    If,
+    Greatest,
+    Least,
+}
+
+/// A part of a timestamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeUnit {
+    Year,
+    Month,
+    Day,
+    Hour,
+    Minute,
+    Second,
+}
+
+/// A compiled expression.
+#[derive(Debug, Clone)]
+pub enum Expr {
+    /// The value of column `i`.
+    Col(usize),
+    /// Field `i` of a `ROW` value.
+    Field(Box<Expr>, usize),
+    /// A constant.
+    Lit(Value),
+    /// `NOT e`.
+    Not(Box<Expr>),
+    /// `-e`.
+    Neg(Box<Expr>),
+    /// `a op b`, with the result's type.
+    Bin(BinOp, Box<Expr>, Box<Expr>, SqlType),
+    /// `e IS NULL` (`true`) or `e IS NOT NULL` (`false`).
+    IsNull(Box<Expr>, bool),
+    /// `CASE WHEN c THEN v … ELSE e END`.
+    Case(Vec<(Expr, Expr)>, Box<Expr>),
+    /// `CAST(e AS type)`.
+    Cast(Box<Expr>, SqlType),
+    /// `e [NOT] IN (list)`.
+    InList(Box<Expr>, Vec<Expr>, bool),
+    /// `e [NOT] LIKE pattern`.
+    Like(Box<Expr>, Arc<LikePattern>, bool),
+    /// A function call.
+    Call(Func, Vec<Expr>),
+}
+
+/// An error while evaluating a row (division by zero, a cast that cannot convert).
+pub type EvalResult = Result<Value, String>;
+
+impl Expr {
+    /// The column it reads, if it is a plain column reference.
+    pub fn as_col(&self) -> Option<usize> {
+        match self {
+            Expr::Col(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// Whether it is cheap enough to evaluate more than once: a column, a field of one, or a
+    /// constant.
+    pub fn is_simple(&self) -> bool {
+        match self {
+            Expr::Col(_) | Expr::Lit(_) => true,
+            Expr::Field(e, _) => e.is_simple(),
+            _ => false,
+        }
+    }
+
+    /// The expression with each column `i` replaced by `with[i]` (fusing two calcs).
+    pub fn substitute(&self, with: &[Expr]) -> Expr {
+        let sub = |e: &Expr| Box::new(e.substitute(with));
+        match self {
+            Expr::Col(i) => with.get(*i).cloned().unwrap_or(Expr::Lit(Value::Null)),
+            Expr::Lit(v) => Expr::Lit(v.clone()),
+            Expr::Field(e, i) => Expr::Field(sub(e), *i),
+            Expr::Not(e) => Expr::Not(sub(e)),
+            Expr::Neg(e) => Expr::Neg(sub(e)),
+            Expr::Bin(op, a, b, t) => Expr::Bin(*op, sub(a), sub(b), t.clone()),
+            Expr::IsNull(e, is) => Expr::IsNull(sub(e), *is),
+            Expr::Case(whens, e) => Expr::Case(
+                whens
+                    .iter()
+                    .map(|(c, v)| (c.substitute(with), v.substitute(with)))
+                    .collect(),
+                sub(e),
+            ),
+            Expr::Cast(e, t) => Expr::Cast(sub(e), t.clone()),
+            Expr::InList(e, list, n) => Expr::InList(
+                sub(e),
+                list.iter().map(|x| x.substitute(with)).collect(),
+                *n,
+            ),
+            Expr::Like(e, p, n) => Expr::Like(sub(e), p.clone(), *n),
+            Expr::Call(f, args) => {
+                Expr::Call(f.clone(), args.iter().map(|x| x.substitute(with)).collect())
+            }
+        }
+    }
+
+    /// Whether the result depends only on the row (not on the clock).
+    pub fn deterministic(&self) -> bool {
+        let mut yes = true;
+        self.visit(&mut |e| {
+            if matches!(e, Expr::Call(Func::Now, _)) {
+                yes = false;
+            }
+        });
+        yes
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&Expr)) {
+        f(self);
+        match self {
+            Expr::Col(_) | Expr::Lit(_) => {}
+            Expr::Field(e, _)
+            | Expr::Not(e)
+            | Expr::Neg(e)
+            | Expr::IsNull(e, _)
+            | Expr::Cast(e, _)
+            | Expr::Like(e, _, _) => e.visit(f),
+            Expr::Bin(_, a, b, _) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Expr::Case(whens, e) => {
+                for (c, v) in whens {
+                    c.visit(f);
+                    v.visit(f);
+                }
+                e.visit(f);
+            }
+            Expr::InList(e, list, _) => {
+                e.visit(f);
+                list.iter().for_each(|x| x.visit(f));
+            }
+            Expr::Call(_, args) => args.iter().for_each(|x| x.visit(f)),
+        }
+    }
+
+    /// Evaluates on `row`.
+    pub fn eval(&self, row: &[Value]) -> EvalResult {
+        Ok(match self {
+            Expr::Col(i) => row.get(*i).cloned().unwrap_or_default(),
+            Expr::Field(e, i) => match e.eval(row)? {
+                Value::Row(fields) => fields.get(*i).cloned().unwrap_or_default(),
+                _ => Value::Null,
+            },
+            Expr::Lit(v) => v.clone(),
+            Expr::Not(e) => match e.eval(row)? {
+                Value::Bool(b) => Value::Bool(!b),
+                _ => Value::Null,
+            },
+            Expr::Neg(e) => match e.eval(row)? {
+                Value::Int(v) => Value::Int(v.wrapping_neg()),
+                Value::Double(v) => Value::Double(-v),
+                Value::Decimal(u, s) => Value::Decimal(-u, s),
+                _ => Value::Null,
+            },
+            Expr::Bin(op, a, b, ty) => binary(*op, a, b, ty, row)?,
+            Expr::IsNull(e, is) => Value::Bool(e.eval(row)?.is_null() == *is),
+            Expr::Case(whens, otherwise) => {
+                for (c, v) in whens {
+                    if matches!(c.eval(row)?, Value::Bool(true)) {
+                        return v.eval(row);
+                    }
+                }
+                otherwise.eval(row)?
+            }
+            Expr::Cast(e, ty) => cast(e.eval(row)?, ty)?,
+            Expr::InList(e, list, negated) => {
+                let v = e.eval(row)?;
+                if v.is_null() {
+                    return Ok(Value::Null);
+                }
+                let mut found = false;
+                for x in list {
+                    if x.eval(row)?.compare(&v) == Ordering::Equal {
+                        found = true;
+                        break;
+                    }
+                }
+                Value::Bool(found != *negated)
+            }
+            Expr::Like(e, pattern, negated) => match e.eval(row)? {
+                Value::Str(s) => Value::Bool(pattern.matches(&s) != *negated),
+                _ => Value::Null,
+            },
+            Expr::Call(f, args) => call(f, args, row)?,
+        })
+    }
+
+    /// Evaluates a condition: `NULL` is not true.
+    pub fn test(&self, row: &[Value]) -> Result<bool, String> {
+        Ok(matches!(self.eval(row)?, Value::Bool(true)))
+    }
+}
+
+fn binary(op: BinOp, a: &Expr, b: &Expr, ty: &SqlType, row: &[Value]) -> EvalResult {
+    match op {
+        BinOp::And => {
+            let x = a.eval(row)?;
+            if matches!(x, Value::Bool(false)) {
+                return Ok(x);
+            }
+            let y = b.eval(row)?;
+            return Ok(match (x, y) {
+                (_, Value::Bool(false)) => Value::Bool(false),
+                (Value::Bool(true), Value::Bool(true)) => Value::Bool(true),
+                _ => Value::Null,
+            });
+        }
+        BinOp::Or => {
+            let x = a.eval(row)?;
+            if matches!(x, Value::Bool(true)) {
+                return Ok(x);
+            }
+            let y = b.eval(row)?;
+            return Ok(match (x, y) {
+                (_, Value::Bool(true)) => Value::Bool(true),
+                (Value::Bool(false), Value::Bool(false)) => Value::Bool(false),
+                _ => Value::Null,
+            });
+        }
+        _ => {}
+    }
+    let x = a.eval(row)?;
+    let y = b.eval(row)?;
+    if x.is_null() || y.is_null() {
+        return Ok(Value::Null);
+    }
+    let cmp = |o: fn(Ordering) -> bool| Ok(Value::Bool(o(x.compare(&y))));
+    match op {
+        BinOp::Eq => cmp(|o| o == Ordering::Equal),
+        BinOp::Ne => cmp(|o| o != Ordering::Equal),
+        BinOp::Lt => cmp(|o| o == Ordering::Less),
+        BinOp::Le => cmp(|o| o != Ordering::Greater),
+        BinOp::Gt => cmp(|o| o == Ordering::Greater),
+        BinOp::Ge => cmp(|o| o != Ordering::Less),
+        BinOp::Concat => {
+            let mut s = String::new();
+            x.write_text(&mut s, "");
+            y.write_text(&mut s, "");
+            Ok(Value::Str(s.into()))
+        }
+        _ => arithmetic(op, x, y, ty),
+    }
+}
+
+/// Arithmetic on non-null operands whose result has type `ty`.
+pub fn arithmetic(op: BinOp, x: Value, y: Value, ty: &SqlType) -> EvalResult {
+    use Value::*;
+    Ok(match (ty, x, y) {
+        // Time arithmetic: timestamp ± interval (ms).
+        (SqlType::Timestamp { .. }, Ts(t), Int(ms))
+        | (SqlType::Timestamp { .. }, Int(ms), Ts(t)) => match op {
+            BinOp::Add => Ts(t + ms),
+            _ => Ts(t - ms),
+        },
+        (SqlType::Double, x, y) => {
+            let (a, b) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+            Double(match op {
+                BinOp::Add => a + b,
+                BinOp::Sub => a - b,
+                BinOp::Mul => a * b,
+                BinOp::Div => a / b,
+                _ => a % b,
+            })
+        }
+        (SqlType::Decimal(_, scale), x, y) => {
+            let (a, s) = as_decimal(&x);
+            let (b, t) = as_decimal(&y);
+            let scale = *scale;
+            match op {
+                BinOp::Add | BinOp::Sub | BinOp::Mod => {
+                    let (a, b) = (rescale(a, s, scale), rescale(b, t, scale));
+                    match op {
+                        BinOp::Add => Decimal(a + b, scale),
+                        BinOp::Sub => Decimal(a - b, scale),
+                        _ if b == 0 => return Err("division by zero (MOD)".into()),
+                        _ => Decimal(a % b, scale),
+                    }
+                }
+                BinOp::Mul => Decimal(rescale(a * b, s + t, scale), scale),
+                _ => {
+                    if b == 0 {
+                        return Err("division by zero".into());
+                    }
+                    // a/10^s ÷ b/10^t at `scale`, one digit more to round half up:
+                    // a·10^(scale+t-s+1) ÷ b.
+                    let exp = i32::from(scale) + i32::from(t) - i32::from(s) + 1;
+                    let num = if exp >= 0 {
+                        a.saturating_mul(10i128.saturating_pow(exp as u32))
+                    } else {
+                        a / 10i128.pow((-exp) as u32)
+                    };
+                    let q = num / b;
+                    Decimal((q + q.signum() * 5) / 10, scale)
+                }
+            }
+        }
+        (_, Int(a), Int(b)) => Int(match op {
+            BinOp::Add => a.wrapping_add(b),
+            BinOp::Sub => a.wrapping_sub(b),
+            BinOp::Mul => a.wrapping_mul(b),
+            BinOp::Div if b == 0 => return Err("division by zero".into()),
+            BinOp::Div => a.wrapping_div(b),
+            _ if b == 0 => return Err("division by zero (MOD)".into()),
+            _ => a.wrapping_rem(b),
+        }),
+        (_, x, y) => {
+            return Err(format!("cannot apply {op:?} to {x:?} and {y:?}"));
+        }
+    })
+}
+
+fn as_decimal(v: &Value) -> (i128, u8) {
+    match v {
+        Value::Decimal(u, s) => (*u, *s),
+        Value::Int(i) => (i128::from(*i), 0),
+        Value::Double(d) => ((d * 1e6).round() as i128, 6),
+        _ => (0, 0),
+    }
+}
+
+/// Converts `v` to `ty` (Flink's `CAST`).
+pub fn cast(v: Value, ty: &SqlType) -> EvalResult {
+    use Value::*;
+    if v.is_null() {
+        return Ok(Null);
+    }
+    let fail = |v: &Value| Err(format!("cannot cast {v:?} to {ty}"));
+    Ok(match ty {
+        SqlType::String => match v {
+            Str(_) => v,
+            other => {
+                let mut s = String::new();
+                other.write_text(&mut s, "");
+                Str(s.into())
+            }
+        },
+        SqlType::Int | SqlType::BigInt => {
+            let n = match &v {
+                Int(i) | Ts(i) => *i,
+                Double(d) => d.trunc() as i64,
+                Decimal(u, s) => (rescale(*u, *s, 0)) as i64,
+                Bool(b) => i64::from(*b),
+                Str(s) => match s.trim().parse::<i64>() {
+                    Ok(n) => n,
+                    Err(_) => return Ok(Null),
+                },
+                _ => return fail(&v),
+            };
+            Int(if *ty == SqlType::Int {
+                i64::from(n as i32)
+            } else {
+                n
+            })
+        }
+        SqlType::Double => match &v {
+            Str(s) => match s.trim().parse::<f64>() {
+                Ok(d) => Double(d),
+                Err(_) => Null,
+            },
+            other => match other.as_f64() {
+                Some(d) => Double(d),
+                None => return fail(&v),
+            },
+        },
+        SqlType::Decimal(_, scale) => match &v {
+            Decimal(u, s) => {
+                if s > scale {
+                    let p = 10i128.pow(u32::from(s - scale));
+                    let q = *u / p;
+                    let r = *u % p;
+                    Decimal(q + if r.abs() * 2 >= p { r.signum() } else { 0 }, *scale)
+                } else {
+                    Decimal(rescale(*u, *s, *scale), *scale)
+                }
+            }
+            Int(i) => Decimal(rescale(i128::from(*i), 0, *scale), *scale),
+            Double(d) => Decimal((d * 10f64.powi(i32::from(*scale))).round() as i128, *scale),
+            Str(s) => match parse_decimal(s) {
+                Some((u, s)) => return cast(Decimal(u, s), ty),
+                None => Null,
+            },
+            _ => return fail(&v),
+        },
+        SqlType::Boolean => match &v {
+            Bool(_) => v,
+            Str(s) => match s.trim().to_ascii_lowercase().as_str() {
+                "true" => Bool(true),
+                "false" => Bool(false),
+                _ => Null,
+            },
+            Int(i) => Bool(*i != 0),
+            _ => return fail(&v),
+        },
+        SqlType::Timestamp { .. } => match &v {
+            Ts(_) => v,
+            Str(s) => parse_timestamp(s).map(Ts).unwrap_or(Null),
+            _ => return fail(&v),
+        },
+        _ => v,
+    })
+}
+
+fn str_arg(args: &[Expr], i: usize, row: &[Value]) -> Result<Option<CompactString>, String> {
+    Ok(match args.get(i).map(|a| a.eval(row)).transpose()? {
+        Some(Value::Str(s)) => Some(s),
+        Some(Value::Null) | None => None,
+        Some(other) => {
+            let mut s = String::new();
+            other.write_text(&mut s, "");
+            Some(s.into())
+        }
+    })
+}
+
+fn int_arg(args: &[Expr], i: usize, row: &[Value]) -> Result<Option<i64>, String> {
+    Ok(match args.get(i).map(|a| a.eval(row)).transpose()? {
+        Some(v) => v.as_i64(),
+        None => None,
+    })
+}
+
+fn call(f: &Func, args: &[Expr], row: &[Value]) -> EvalResult {
+    use Value::*;
+    let arg = |i: usize| args[i].eval(row);
+    Ok(match f {
+        Func::Coalesce => {
+            for a in args {
+                let v = a.eval(row)?;
+                if !v.is_null() {
+                    return Ok(v);
+                }
+            }
+            Null
+        }
+        Func::NullIf => {
+            let a = arg(0)?;
+            if a.compare(&arg(1)?) == Ordering::Equal {
+                Null
+            } else {
+                a
+            }
+        }
+        Func::If => {
+            if args[0].test(row)? {
+                arg(1)?
+            } else {
+                arg(2)?
+            }
+        }
+        Func::Greatest | Func::Least => {
+            let mut best: Option<Value> = None;
+            for a in args {
+                let v = a.eval(row)?;
+                if v.is_null() {
+                    return Ok(Null);
+                }
+                let better = match &best {
+                    None => true,
+                    Some(b) => {
+                        let o = v.compare(b);
+                        if matches!(f, Func::Greatest) {
+                            o == Ordering::Greater
+                        } else {
+                            o == Ordering::Less
+                        }
+                    }
+                };
+                if better {
+                    best = Some(v);
+                }
+            }
+            best.unwrap_or(Null)
+        }
+        Func::Now => Ts(now_ms()),
+        Func::Abs => match arg(0)? {
+            Int(i) => Int(i.wrapping_abs()),
+            Double(d) => Double(d.abs()),
+            Decimal(u, s) => Decimal(u.abs(), s),
+            _ => Null,
+        },
+        Func::Floor | Func::Ceil => match arg(0)? {
+            Double(d) => Double(if matches!(f, Func::Floor) {
+                d.floor()
+            } else {
+                d.ceil()
+            }),
+            Decimal(u, s) => {
+                let p = 10i128.pow(u32::from(s));
+                let q = if matches!(f, Func::Floor) {
+                    u.div_euclid(p)
+                } else {
+                    -(-u).div_euclid(p)
+                };
+                Decimal(q * p, s)
+            }
+            other => other,
+        },
+        Func::Round => {
+            let digits = int_arg(args, 1, row)?.unwrap_or(0).clamp(0, 18) as u8;
+            match arg(0)? {
+                Double(d) => {
+                    let p = 10f64.powi(i32::from(digits));
+                    Double((d * p).round() / p)
+                }
+                v @ Decimal(..) => cast(v, &SqlType::Decimal(38, digits))?,
+                other => other,
+            }
+        }
+        Func::Power => match (arg(0)?.as_f64(), arg(1)?.as_f64()) {
+            (Some(a), Some(b)) => Double(a.powf(b)),
+            _ => Null,
+        },
+        Func::Sqrt => match arg(0)?.as_f64() {
+            Some(a) => Double(a.sqrt()),
+            None => Null,
+        },
+        Func::Upper | Func::Lower | Func::Trim | Func::CharLength => {
+            let Some(s) = str_arg(args, 0, row)? else {
+                return Ok(Null);
+            };
+            match f {
+                Func::Upper => Str(s.to_uppercase()),
+                Func::Lower => Str(s.to_lowercase()),
+                Func::Trim => Str(s.trim().into()),
+                _ => Int(s.chars().count() as i64),
+            }
+        }
+        Func::Substring => {
+            let Some(s) = str_arg(args, 0, row)? else {
+                return Ok(Null);
+            };
+            let Some(start) = int_arg(args, 1, row)? else {
+                return Ok(Null);
+            };
+            let len = int_arg(args, 2, row)?;
+            let chars: Vec<char> = s.chars().collect();
+            // SQL positions are 1-based; a start below 1 eats into the length.
+            let from = (start - 1).max(0) as usize;
+            let end = match len {
+                Some(l) => ((start - 1 + l).max(0) as usize).min(chars.len()),
+                None => chars.len(),
+            };
+            Str(chars
+                .get(from..end.max(from))
+                .unwrap_or(&[])
+                .iter()
+                .collect::<String>()
+                .into())
+        }
+        Func::Concat => {
+            let mut out = String::new();
+            for a in args {
+                let v = a.eval(row)?;
+                if v.is_null() {
+                    return Ok(Null);
+                }
+                v.write_text(&mut out, "");
+            }
+            Str(out.into())
+        }
+        Func::Replace => {
+            let (Some(s), Some(from), Some(to)) = (
+                str_arg(args, 0, row)?,
+                str_arg(args, 1, row)?,
+                str_arg(args, 2, row)?,
+            ) else {
+                return Ok(Null);
+            };
+            Str(s.replace(from.as_str(), &to).into())
+        }
+        Func::Position => {
+            let (Some(needle), Some(hay)) = (str_arg(args, 0, row)?, str_arg(args, 1, row)?) else {
+                return Ok(Null);
+            };
+            Int(hay
+                .find(needle.as_str())
+                .map_or(0, |b| hay[..b].chars().count() as i64 + 1))
+        }
+        Func::SplitIndex => {
+            let (Some(s), Some(sep), Some(i)) = (
+                str_arg(args, 0, row)?,
+                str_arg(args, 1, row)?,
+                int_arg(args, 2, row)?,
+            ) else {
+                return Ok(Null);
+            };
+            if i < 0 || sep.is_empty() {
+                return Ok(Null);
+            }
+            s.split(sep.as_str())
+                .nth(i as usize)
+                .map_or(Null, |p| Str(p.into()))
+        }
+        Func::RegexpExtract(re) => {
+            let Some(s) = str_arg(args, 0, row)? else {
+                return Ok(Null);
+            };
+            let group = int_arg(args, 2, row)?.unwrap_or(1).max(0) as usize;
+            re.captures(&s)
+                .and_then(|c| c.get(group))
+                .map_or(Null, |m| Str(m.as_str().into()))
+        }
+        Func::Regexp(re) => match str_arg(args, 0, row)? {
+            Some(s) => Bool(re.is_match(&s)),
+            None => Null,
+        },
+        Func::DateFormat => {
+            let (Some(ms), Some(pattern)) = (arg(0)?.as_i64(), str_arg(args, 1, row)?) else {
+                return Ok(Null);
+            };
+            Str(date_format(ms, &pattern).into())
+        }
+        Func::Extract(unit) => match arg(0)?.as_i64() {
+            Some(ms) => {
+                let (y, mo, d, h, mi, s, _) = timestamp_parts(ms);
+                Int(match unit {
+                    TimeUnit::Year => y,
+                    TimeUnit::Month => i64::from(mo),
+                    TimeUnit::Day => i64::from(d),
+                    TimeUnit::Hour => i64::from(h),
+                    TimeUnit::Minute => i64::from(mi),
+                    TimeUnit::Second => i64::from(s),
+                })
+            }
+            None => Null,
+        },
+        Func::ToTimestamp => match str_arg(args, 0, row)? {
+            Some(s) => parse_timestamp(&s).map_or(Null, Ts),
+            None => Null,
+        },
+        Func::ToTimestampLtz => match arg(0)?.as_i64() {
+            Some(n) => {
+                let precision = int_arg(args, 1, row)?.unwrap_or(3);
+                Ts(if precision == 0 { n * 1000 } else { n })
+            }
+            None => Null,
+        },
+    })
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Formats `ms` with Java's date pattern letters (`yyyy-MM-dd HH:mm:ss.SSS`); other
+/// characters are copied, text in single quotes literally.
+pub fn date_format(ms: i64, pattern: &str) -> String {
+    use std::fmt::Write as _;
+    let (y, mo, d, h, mi, s, milli) = timestamp_parts(ms);
+    let mut out = String::with_capacity(pattern.len() + 4);
+    let chars: Vec<char> = pattern.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '\'' {
+            i += 1;
+            while i < chars.len() && chars[i] != '\'' {
+                out.push(chars[i]);
+                i += 1;
+            }
+            i += 1;
+            continue;
+        }
+        let mut n = 1;
+        while i + n < chars.len() && chars[i + n] == c {
+            n += 1;
+        }
+        let value = match c {
+            'y' => Some(if n == 2 { y.rem_euclid(100) } else { y }),
+            'M' => Some(i64::from(mo)),
+            'd' => Some(i64::from(d)),
+            'H' => Some(i64::from(h)),
+            'm' => Some(i64::from(mi)),
+            's' => Some(i64::from(s)),
+            'S' => Some(i64::from(milli)),
+            _ => None,
+        };
+        match value {
+            Some(v) => {
+                let _ = write!(out, "{v:0n$}");
+            }
+            None => (0..n).for_each(|_| out.push(c)),
+        }
+        i += n;
+    }
+    out
+}
+
+/// A `LIKE` pattern: `%` any run, `_` one character.
+#[derive(Debug)]
+pub struct LikePattern(Vec<LikePart>);
+
+#[derive(Debug)]
+enum LikePart {
+    Text(String),
+    One,
+    Any,
+}
+
+impl LikePattern {
+    /// Compiles a pattern (`\` escapes the next character).
+    pub fn new(pattern: &str) -> LikePattern {
+        let mut parts = Vec::new();
+        let mut text = String::new();
+        let mut chars = pattern.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '%' | '_' => {
+                    if !text.is_empty() {
+                        parts.push(LikePart::Text(std::mem::take(&mut text)));
+                    }
+                    parts.push(if c == '%' {
+                        LikePart::Any
+                    } else {
+                        LikePart::One
+                    });
+                }
+                '\\' => text.extend(chars.next()),
+                c => text.push(c),
+            }
+        }
+        if !text.is_empty() {
+            parts.push(LikePart::Text(text));
+        }
+        LikePattern(parts)
+    }
+
+    /// Whether `s` matches.
+    pub fn matches(&self, s: &str) -> bool {
+        fn go(parts: &[LikePart], s: &str) -> bool {
+            match parts.split_first() {
+                None => s.is_empty(),
+                Some((LikePart::Text(t), rest)) => {
+                    s.strip_prefix(t.as_str()).is_some_and(|r| go(rest, r))
+                }
+                Some((LikePart::One, rest)) => {
+                    let mut c = s.chars();
+                    c.next().is_some() && go(rest, c.as_str())
+                }
+                Some((LikePart::Any, rest)) => s
+                    .char_indices()
+                    .map(|(i, _)| i)
+                    .chain([s.len()])
+                    .any(|i| go(rest, &s[i..])),
+            }
+        }
+        go(&self.0, s)
+    }
+}
+
+impl std::fmt::Display for BinOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::Mod => "%",
+            BinOp::Eq => "=",
+            BinOp::Ne => "<>",
+            BinOp::Lt => "<",
+            BinOp::Le => "<=",
+            BinOp::Gt => ">",
+            BinOp::Ge => ">=",
+            BinOp::And => "AND",
+            BinOp::Or => "OR",
+            BinOp::Concat => "||",
+        })
+    }
+}
+
+/// `v` as text (for `CAST(… AS STRING)` of constants in messages).
+pub fn text(v: &Value) -> CompactString {
+    let mut s = String::new();
+    v.write_text(&mut s, "NULL");
+    s.to_compact_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn like_patterns_match_as_sql_says() {
+        let p = LikePattern::new("a%c_");
+        assert!(p.matches("abcd"));
+        assert!(p.matches("acx"));
+        assert!(!p.matches("abc"));
+        assert!(LikePattern::new("%").matches(""));
+    }
+
+    #[test]
+    fn dates_format_with_java_letters() {
+        assert_eq!(
+            date_format(1_436_918_400_123, "yyyy-MM-dd HH:mm:ss.SSS"),
+            "2015-07-15 00:00:00.123"
+        );
+        assert_eq!(
+            date_format(1_436_918_400_000, "yyyy-MM-dd'T'HH"),
+            "2015-07-15T00"
+        );
+    }
+
+    #[test]
+    fn decimal_arithmetic_keeps_scale_and_rounds_half_up() {
+        let ty = SqlType::Decimal(38, 3);
+        let v = arithmetic(BinOp::Mul, Value::Decimal(908, 3), Value::Int(1234), &ty).unwrap();
+        assert_eq!(v, Value::Decimal(1_120_472, 3));
+        let ty = SqlType::Decimal(38, 6);
+        let v = arithmetic(BinOp::Div, Value::Int(2), Value::Int(3), &ty).unwrap();
+        assert_eq!(v, Value::Decimal(666_667, 6));
+        assert!(arithmetic(BinOp::Div, Value::Int(2), Value::Int(0), &SqlType::BigInt).is_err());
+    }
+}
