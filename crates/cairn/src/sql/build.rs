@@ -198,7 +198,7 @@ impl Builder<'_> {
             return Err(SqlError::at(
                 insert.at,
                 format!(
-                    "the query gives {} columns, table '{}' has {}",
+                    "the query gives {} column(s), table '{}' has {}",
                     rel.columns.len(),
                     table.def.name,
                     target.len()

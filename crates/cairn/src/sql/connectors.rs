@@ -516,7 +516,13 @@ fn datagen(table: &Table, options: &mut Options) -> Result<SequenceSource<Row>> 
                             format!("field '{}': 'max' must be a whole number", c.name),
                         )
                     })?
-                    .unwrap_or(i64::from(i32::MAX));
+                    .unwrap_or(match c.ty {
+                        // The largest whole part the type holds.
+                        SqlType::Decimal(p, sc) if p.saturating_sub(sc) < 10 => {
+                            10i64.pow(u32::from(p.saturating_sub(sc))) - 1
+                        }
+                        _ => i64::from(i32::MAX),
+                    });
                 let length = options.number(&key("length"), 10)? as usize;
                 if max < min {
                     return table_err(table, format!("field '{}': 'max' is below 'min'", c.name));
@@ -533,7 +539,7 @@ fn datagen(table: &Table, options: &mut Options) -> Result<SequenceSource<Row>> 
                 )
             }
         };
-        if matches!(c.ty, SqlType::Row(_) | SqlType::Decimal(..)) {
+        if matches!(c.ty, SqlType::Row(_)) {
             return table_err(
                 table,
                 format!("datagen cannot make column '{}' of type {}", c.name, c.ty),
@@ -558,6 +564,17 @@ fn datagen(table: &Table, options: &mut Options) -> Result<SequenceSource<Row>> 
                     }
                 };
                 match ty {
+                    SqlType::Decimal(_, scale) => {
+                        let unit = 10i128.pow(u32::from(*scale));
+                        // A random decimal has random digits after the point, within [min, max].
+                        let fraction = match gen {
+                            FieldGen::Random { max, .. } if n < *max => {
+                                (mix(i, f as u64 + 7919) as i128).rem_euclid(unit)
+                            }
+                            _ => 0,
+                        };
+                        Value::Decimal(i128::from(n) * unit + fraction, *scale)
+                    }
                     SqlType::Boolean => Value::Bool(n % 2 == 0),
                     SqlType::Int | SqlType::BigInt => Value::Int(n),
                     SqlType::Double => Value::Double(n as f64),

@@ -846,6 +846,16 @@ fn function(f: &ast::Function, scope: &Scope, at: Location) -> Result<(Expr, Sql
             format!("FILTER applies only to aggregate functions, not {name}"),
         );
     }
+    // The name first: an unknown function is named as such, not by an argument it cannot bind.
+    if !KNOWN_FUNCTIONS.contains(&name.as_str()) && !OTHER_FUNCTIONS.contains(&name.as_str()) {
+        return err(
+            at,
+            format!(
+                "unknown function {name}{}",
+                did_you_mean(&name, KNOWN_FUNCTIONS.iter().copied())
+            ),
+        );
+    }
     let (args, _, _) = function_args(f)?;
     let mut bound = Vec::new();
     let mut types = Vec::new();
@@ -973,6 +983,33 @@ fn function(f: &ast::Function, scope: &Scope, at: Location) -> Result<(Expr, Sql
         _ => err(at, format!("unknown function {name}{}", did_you_mean(&name, KNOWN_FUNCTIONS.iter().copied()))),
     }
 }
+
+/// Functions bound below besides [`KNOWN_FUNCTIONS`]: synonyms, and the window functions,
+/// which are errors in an expression.
+const OTHER_FUNCTIONS: &[&str] = &[
+    "CEILING",
+    "CHARACTER_LENGTH",
+    "LENGTH",
+    "LOCALTIMESTAMP",
+    "POW",
+    "SUBSTR",
+    "TUMBLE",
+    "HOP",
+    "SESSION",
+    "CUMULATE",
+    "TUMBLE_START",
+    "TUMBLE_END",
+    "TUMBLE_ROWTIME",
+    "TUMBLE_PROCTIME",
+    "HOP_START",
+    "HOP_END",
+    "HOP_ROWTIME",
+    "HOP_PROCTIME",
+    "SESSION_START",
+    "SESSION_END",
+    "SESSION_ROWTIME",
+    "SESSION_PROCTIME",
+];
 
 const KNOWN_FUNCTIONS: &[&str] = &[
     "PROCTIME",
