@@ -1,6 +1,7 @@
 //! `cairn bench`: wordcount throughput under several checkpoint settings, measured as whole
 //! processes (start to exit) of this same binary, in one run, with ratios; (`nexmark`) every
-//! Nexmark query the `nexmark` job offers, against Flink's published per-core figures; and
+//! Nexmark query the `nexmark` job offers, against Flink's published per-core figures; (`sql`)
+//! the Nexmark queries as Flink SQL scripts against the same queries of the `nexmark` job; and
 //! (`savepoint`) checkpoints vs savepoints of one embedded job.
 
 use std::process::{Command, Stdio};
@@ -17,6 +18,7 @@ mod metrics;
 mod postgres;
 mod s3;
 mod savepoint;
+mod sql;
 mod state;
 
 #[derive(Args, Debug)]
@@ -34,8 +36,8 @@ pub struct BenchArgs {
     /// Checkpoint intervals to compare (0 = off) [default: 0,1s,100ms].
     #[arg(long, value_delimiter = ',')]
     intervals: Vec<String>,
-    /// `nexmark`: events to generate per run (persons, auctions and bids, 1:3:46) [default:
-    /// 20000000].
+    /// `nexmark`, `sql`: events to generate per run (persons, auctions and bids, 1:3:46)
+    /// [default: 20000000].
     #[arg(long)]
     events: Option<u64>,
     /// Runs per configuration (the best is reported).
@@ -45,10 +47,13 @@ pub struct BenchArgs {
     /// modes under backpressure (aligned, unaligned, aligned with timeout) and at-least-once vs
     /// exactly-once throughput; `cluster`: embedded vs cluster throughput and recovery from a
     /// lost worker; `nexmark`: every query of the nexmark job at each parallelism, with
-    /// checkpoints, peak RSS and ratios to Flink's per-core figures; `savepoint`: a checkpoint
-    /// vs a savepoint of the same state, and the time a stop-with-savepoint takes; `state`: the
-    /// heap and RocksDB backends (throughput, checkpoint uploads, RSS), the heap's synchronous
-    /// pause by key count, and state larger than RocksDB's memory budget; `s3`: checkpoint
+    /// checkpoints, peak RSS and ratios to Flink's per-core figures; `sql`: the Nexmark queries
+    /// that are both Flink SQL scripts (sql/nexmark) and queries of the nexmark job, each way at
+    /// each parallelism (same events, checkpoints as `nexmark`), with the ratio SQL / Rust;
+    /// `savepoint`: a checkpoint vs a savepoint of the same state, and the time a
+    /// stop-with-savepoint takes; `state`: the heap and RocksDB backends (throughput,
+    /// checkpoint uploads, RSS), the heap's synchronous pause by key count, and state larger
+    /// than RocksDB's memory budget; `s3`: checkpoint
     /// durations on the local S3 server against the local filesystem; `postgres`: the
     /// PostgreSQL sink modes (2pc, upsert, wal) with 1s checkpoints against --discard
     /// (CAIRN_BENCH_PG_URL, default: the scripts/service-postgres server) [--records default:
@@ -99,9 +104,9 @@ impl BenchArgs {
 
     /// Refuses the flags the chosen suite does not take, before anything runs.
     fn check(&self) -> Result<()> {
-        if self.suite != "nexmark" {
+        if !matches!(self.suite.as_str(), "nexmark" | "sql") {
             if self.events.is_some() {
-                bail!("--events is a flag of --suite nexmark");
+                bail!("--events is a flag of --suite nexmark and --suite sql");
             }
             if self.suite != "savepoint" {
                 // The other suites take one key count.
@@ -110,11 +115,15 @@ impl BenchArgs {
             return Ok(());
         }
         if self.records.is_some() || !self.keys.is_empty() {
-            bail!("--suite nexmark runs the nexmark job: use --events N, not --records or --keys");
+            bail!(
+                "--suite {} runs Nexmark queries: use --events N, not --records or --keys",
+                self.suite
+            );
         }
         if !self.intervals.is_empty() {
             bail!(
-                "--suite nexmark checkpoints every {NEXMARK_CHECKPOINT_INTERVAL}; --intervals is a flag of --suite throughput"
+                "--suite {} checkpoints every {NEXMARK_CHECKPOINT_INTERVAL}; --intervals is a flag of --suite throughput",
+                self.suite
             );
         }
         if self.events == Some(0) {
@@ -547,8 +556,9 @@ fn cluster_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
 
 /// Checkpoint interval of `--suite nexmark`.
 const NEXMARK_CHECKPOINT_INTERVAL: &str = "1s";
-/// `--events` of `--suite nexmark` when not given: seconds per run of the queries over bids
-/// on two cores (q3 and q8 generate only the persons and auctions among them, and end sooner).
+/// `--events` of `--suite nexmark` and `--suite sql` when not given: seconds per run of the
+/// queries over bids on two cores (q3 and q8 generate only the persons and auctions among
+/// them, and end sooner).
 const NEXMARK_EVENTS_DEFAULT: u64 = 20_000_000;
 /// How often a run's peak RSS is read while it runs (what it gains in its last interval is
 /// missed).
@@ -655,6 +665,20 @@ impl NexmarkRow {
     fn rate(&self) -> f64 {
         self.events as f64 * 1000.0 / self.elapsed_ms.max(1) as f64
     }
+
+    /// `best` of `--repeat` runs: this one if it is faster (or the first).
+    fn keep_if_faster(self, best: &mut Option<NexmarkRow>) {
+        if best.as_ref().is_none_or(|b| self.rate() > b.rate()) {
+            *best = Some(self);
+        }
+    }
+}
+
+/// Says so when any of `rows` restarted or failed checkpoints.
+fn note_disturbed_runs<'a>(mut rows: impl Iterator<Item = &'a NexmarkRow>) {
+    if rows.any(|r| r.restarts > 0 || r.failed_checkpoints > 0) {
+        println!("some runs restarted or failed checkpoints (see restarts= and failed_checkpoints= below): their figures are not of an undisturbed run");
+    }
 }
 
 /// `12.3MiB`: a size in one token, so that every cell of a table row is one word.
@@ -664,6 +688,73 @@ fn bytes_token(n: u64) -> String {
 
 fn ratio_token(r: Option<f64>, digits: usize) -> String {
     r.map_or("-".into(), |r| format!("{r:.digits$}"))
+}
+
+/// `run` arguments of the nexmark job running `query` over `events` events, its output
+/// discarded.
+fn nexmark_job(query: &str, events: u64) -> Vec<String> {
+    vec![
+        "run".into(),
+        "nexmark".into(),
+        "--query".into(),
+        query.into(),
+        "--events".into(),
+        events.to_string(),
+        "--discard".into(),
+    ]
+}
+
+/// Runs one Nexmark job (`job`: its `run` arguments) at parallelism `p` with exactly-once
+/// checkpoints every [`NEXMARK_CHECKPOINT_INTERVAL`] into a directory of its own (removed
+/// after), and reads its figures from its summary.
+fn nexmark_run(
+    exe: &std::path::Path,
+    scratch: &std::path::Path,
+    tag: &str,
+    query: &'static str,
+    p: u32,
+    job: &[String],
+) -> Result<NexmarkRow> {
+    let dir = scratch.join(tag);
+    let mut a = job.to_vec();
+    a.extend([
+        "--parallelism".into(),
+        p.to_string(),
+        "--mode".into(),
+        "exactly-once".into(),
+        "--checkpoint-interval".into(),
+        NEXMARK_CHECKPOINT_INTERVAL.into(),
+        "--checkpoint-dir".into(),
+        dir.display().to_string(),
+    ]);
+    let run = run_child_peak_rss(exe, scratch, tag, &a);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (json, peak_rss) = run?;
+    let field = |name: &str| -> Result<u64> {
+        json[name]
+            .as_u64()
+            .ok_or_else(|| anyhow::anyhow!("no {name} in the summary of {tag}"))
+    };
+    let cps = json["checkpoints"].as_array().cloned().unwrap_or_default();
+    let (size_median, size_max) = stat(&cps, "state_size");
+    Ok(NexmarkRow {
+        query,
+        parallelism: p,
+        events: field("records")?,
+        elapsed_ms: field("elapsed_ms")?,
+        restarts: field("restarts")?,
+        failed_checkpoints: field("failed_checkpoints")?,
+        checkpoints: cps.len(),
+        duration_ms: stat(&cps, "duration_ms"),
+        size: (
+            size_median,
+            size_max,
+            cps.last()
+                .and_then(|c| c["state_size"].as_u64())
+                .unwrap_or(0),
+        ),
+        peak_rss,
+    })
 }
 
 /// Every query of the nexmark job at every `--parallelism`, with exactly-once checkpoints,
@@ -708,55 +799,8 @@ fn nexmark_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
             let mut best: Option<NexmarkRow> = None;
             for r in 0..args.repeat.max(1) {
                 let tag = format!("nexmark-{query}-p{p}-{r}");
-                let dir = scratch.join(&tag);
-                let a: Vec<String> = vec![
-                    "run".into(),
-                    "nexmark".into(),
-                    "--query".into(),
-                    query.into(),
-                    "--events".into(),
-                    events.to_string(),
-                    "--discard".into(),
-                    "--parallelism".into(),
-                    p.to_string(),
-                    "--mode".into(),
-                    "exactly-once".into(),
-                    "--checkpoint-interval".into(),
-                    NEXMARK_CHECKPOINT_INTERVAL.into(),
-                    "--checkpoint-dir".into(),
-                    dir.display().to_string(),
-                ];
-                let run = run_child_peak_rss(exe, scratch, &tag, &a);
-                let _ = std::fs::remove_dir_all(&dir);
-                let (json, peak_rss) = run?;
-                let field = |name: &str| -> Result<u64> {
-                    json[name]
-                        .as_u64()
-                        .ok_or_else(|| anyhow::anyhow!("no {name} in the summary of {tag}"))
-                };
-                let cps = json["checkpoints"].as_array().cloned().unwrap_or_default();
-                let (size_median, size_max) = stat(&cps, "state_size");
-                let row = NexmarkRow {
-                    query,
-                    parallelism: p,
-                    events: field("records")?,
-                    elapsed_ms: field("elapsed_ms")?,
-                    restarts: field("restarts")?,
-                    failed_checkpoints: field("failed_checkpoints")?,
-                    checkpoints: cps.len(),
-                    duration_ms: stat(&cps, "duration_ms"),
-                    size: (
-                        size_median,
-                        size_max,
-                        cps.last()
-                            .and_then(|c| c["state_size"].as_u64())
-                            .unwrap_or(0),
-                    ),
-                    peak_rss,
-                };
-                if best.as_ref().is_none_or(|b| row.rate() > b.rate()) {
-                    best = Some(row);
-                }
+                let row = nexmark_run(exe, scratch, &tag, query, p, &nexmark_job(query, events))?;
+                row.keep_if_faster(&mut best);
             }
             let Some(row) = best else { continue };
             let per_core = row.rate() / f64::from(p.min(cores));
@@ -822,12 +866,7 @@ fn nexmark_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
             partial.join(", ")
         );
     }
-    if rows
-        .iter()
-        .any(|r| r.restarts > 0 || r.failed_checkpoints > 0)
-    {
-        println!("some runs restarted or failed checkpoints (see restarts= and failed_checkpoints= below): their figures are not of an undisturbed run");
-    }
+    note_disturbed_runs(rows.iter());
     println!();
     for line in lines {
         println!("{line}");
@@ -855,6 +894,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         "nexmark" => {
             let r = nexmark_suite(&args, &exe, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
+        "sql" => {
+            let r = sql::run(&args, &exe, &scratch);
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
@@ -917,7 +961,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, savepoint, state, s3, postgres, kafka-source, kafka, e2e, metrics"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, sql, savepoint, state, s3, postgres, kafka-source, kafka, e2e, metrics"
             )
         }
     }

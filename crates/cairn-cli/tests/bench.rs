@@ -1,9 +1,10 @@
 //! `cairn bench --suite savepoint` at a small key count: it prints its table, with the row of
 //! that key count and positive checkpoint and savepoint sizes; `cairn bench --suite nexmark`
 //! at a few events: a row and a script line for every query at p=1 and p=2, with events/s,
-//! checkpoints and the peak RSS; `cairn bench --suite metrics` over few records: records/s and
-//! CPU time per record with metrics on and off, and their ratios. Times are not asserted: they
-//! are the machine's.
+//! checkpoints and the peak RSS; `cairn bench --suite sql` at a few events: a script line for
+//! q0, q1 and q2 with events/s of the nexmark job and of the SQL script and their ratio;
+//! `cairn bench --suite metrics` over few records: records/s and CPU time per record with
+//! metrics on and off, and their ratios. Times are not asserted: they are the machine's.
 
 mod common;
 
@@ -107,6 +108,23 @@ fn table_bytes(text: &str) -> f64 {
         * scale
 }
 
+/// The line of `stdout` for scripts that starts with `prefix`.
+fn script_line<'a>(stdout: &'a str, prefix: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line {prefix}… in:\n{stdout}"))
+}
+
+/// The number `key=` says in a script line.
+fn script_field(line: &str, key: &str) -> f64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{key} in {line:?}: {e}"))
+}
+
 #[test]
 fn nexmark_bench_prints_every_query_at_both_parallelisms() {
     let out = common::run_ok(common::cairn().args([
@@ -149,23 +167,39 @@ fn nexmark_bench_prints_every_query_at_both_parallelisms() {
             let rss = table_bytes(row[column("peak RSS")]);
             assert!(rss > 0.0, "{query} p={p}: no peak RSS:\n{stdout}");
 
-            let prefix = format!("nexmark query={query} p={p} ");
-            let line = stdout
-                .lines()
-                .find(|l| l.starts_with(&prefix))
-                .unwrap_or_else(|| panic!("no script line for {query} at p={p} in:\n{stdout}"));
-            let field = |key: &str| -> f64 {
-                line.split_whitespace()
-                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-                    .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-                    .parse()
-                    .unwrap_or_else(|e| panic!("{key} in {line:?}: {e}"))
-            };
+            let line = script_line(&stdout, &format!("nexmark query={query} p={p} "));
+            let field = |key: &str| script_field(line, key);
             assert!(field("events_per_s") > 0.0, "{line}");
             assert!(field("checkpoints") >= 1.0, "{line}");
             assert!(field("peak_rss_bytes") > 0.0, "{line}");
             assert_eq!(field("stream_events"), 20000.0, "{line}");
         }
+    }
+}
+
+#[test]
+fn sql_bench_compares_each_query_with_the_nexmark_job() {
+    let out = common::run_ok(common::cairn().args([
+        "bench",
+        "--suite",
+        "sql",
+        "--events",
+        "20000",
+        "--parallelism",
+        "1",
+        "--log",
+        "warn",
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for query in ["q0", "q1", "q2"] {
+        let line = script_line(&stdout, &format!("sql query={query} p=1 "));
+        let field = |key: &str| script_field(line, key);
+        // Both jobs read every event of the stream.
+        assert_eq!(field("events"), 20000.0, "{line}");
+        let (rust, sql) = (field("rust_events_per_s"), field("sql_events_per_s"));
+        assert!(rust > 0.0 && sql > 0.0, "{line}");
+        let ratio = field("ratio");
+        assert!((ratio - sql / rust).abs() < 0.01, "{line}");
     }
 }
 
@@ -216,13 +250,15 @@ fn metrics_bench_prints_both_settings_and_their_ratios() {
 
 #[test]
 fn bench_refuses_flags_its_suite_does_not_take() {
-    let cases: [&[&str]; 6] = [
+    let cases: [&[&str]; 8] = [
         &["--suite", "nexmark", "--events", "0"],
         &["--suite", "nexmark", "--keys", "10"],
         &["--suite", "nexmark", "--records", "10"],
         &["--suite", "nexmark", "--intervals", "100ms"],
         &["--suite", "nexmark", "--parallelism", "1,0"],
         &["--suite", "throughput", "--events", "10"],
+        &["--suite", "sql", "--records", "10"],
+        &["--suite", "sql", "--intervals", "100ms"],
     ];
     for flags in cases {
         let out = common::cairn()

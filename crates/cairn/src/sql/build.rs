@@ -9,11 +9,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{
-    AggregateFunction, Collector, DataStream, JobGraph, KeyedProcessFunction, ProcessFunction,
-    StreamEnv, TimeWindow, WindowAssigner,
+    AggregateFunction, Collector, DataStream, JobGraph, KeyedCoProcessFunction,
+    KeyedProcessFunction, ProcessFunction, StreamEnv, TimeWindow, WindowAssigner,
 };
 use crate::error::{TaskError, TaskResult};
-use crate::state::{KeyedContext, OperatorStateStore, StateTtlConfig, ValueState};
+use crate::state::{KeyedContext, MapState, OperatorStateStore, StateTtlConfig, ValueState};
 
 use super::agg::{Acc, AggCall};
 use super::connectors;
@@ -112,6 +112,7 @@ pub fn compile(script: &str, seed: u64) -> Result<Compiled> {
         ttl,
         plan: String::new(),
         records: Some(0),
+        uids: Default::default(),
     };
     if let Some(q) = print_query {
         let rel = plan_query(&q, &catalog)?;
@@ -153,6 +154,10 @@ struct Builder<'a> {
     ttl: Option<Duration>,
     plan: String,
     records: Option<u64>,
+    /// How many operators took each uid so far: the same definition over the same inputs
+    /// twice (a table or view read twice, as in a self-join) is two operators, the second's
+    /// uid numbered `-2`, in the order the plan is built.
+    uids: std::collections::HashMap<String, u32>,
 }
 
 /// What a built relation is: its stream and the digest its uid carries.
@@ -247,10 +252,10 @@ impl Builder<'_> {
         let name = table.def.name.clone();
         let mark = self.plan.len();
         let built = self.build(&rel, &name, 1)?;
-        let uid = format!(
+        let uid = self.unique(format!(
             "{name}.sink-{:08x}",
             digest(&format!("sink {:?}", table.def.options), &[built.digest])
-        );
+        ));
         let line = format!(
             "sink: {name} ({}, {}) uid={uid}\n",
             table
@@ -268,7 +273,7 @@ impl Builder<'_> {
     fn print(&mut self, rel: Rel) -> Result<()> {
         let mark = self.plan.len();
         let built = self.build(&rel, "query", 1)?;
-        let uid = format!("query.print-{:08x}", built.digest);
+        let uid = self.unique(format!("query.print-{:08x}", built.digest));
         self.plan
             .insert_str(mark, &format!("print to standard output uid={uid}\n"));
         let encoder = Arc::new(|row: &Row, out: &mut Vec<u8>| {
@@ -290,6 +295,16 @@ impl Builder<'_> {
         Ok(())
     }
 
+    /// `uid`, numbered if an operator took it already.
+    fn unique(&mut self, uid: String) -> String {
+        let n = self.uids.entry(uid.clone()).or_insert(0);
+        *n += 1;
+        match *n {
+            1 => uid,
+            n => format!("{uid}-{n}"),
+        }
+    }
+
     /// Builds `rel` (and its inputs, printed indented by `depth` into the plan).
     fn build(&mut self, rel: &Rel, prefix: &str, depth: usize) -> Result<Built> {
         let (built, line) = match &rel.node {
@@ -298,7 +313,7 @@ impl Builder<'_> {
                     &format!("scan {} {:?}", table.def.name, table.def.options),
                     &[],
                 );
-                let uid = format!("{prefix}.source-{}-{d:08x}", table.def.name);
+                let uid = self.unique(format!("{prefix}.source-{}-{d:08x}", table.def.name));
                 let stream = connectors::source(self.env, table, &uid, self.seed)?;
                 self.records = self
                     .records
@@ -332,7 +347,7 @@ impl Builder<'_> {
                 let inner = self.build(input, prefix, depth + 1)?;
                 let text = format!("calc filter={filter:?} project={project:?}");
                 let d = digest(&text, &[inner.digest]);
-                let uid = format!("{prefix}.calc-{d:08x}");
+                let uid = self.unique(format!("{prefix}.calc-{d:08x}"));
                 let rowtime = rel.columns.iter().position(|c| c.time == Time::Rowtime);
                 let f = CalcFn {
                     filter: filter.clone(),
@@ -380,7 +395,7 @@ impl Builder<'_> {
                 let inner = self.build(input, prefix, depth + 1)?;
                 let text = format!("window {window:?} {proctime} {keys} {aggs:?}");
                 let d = digest(&text, &[inner.digest]);
-                let uid = format!("{prefix}.window-{d:08x}");
+                let uid = self.unique(format!("{prefix}.window-{d:08x}"));
                 let time_col = input.columns.len() - 1;
                 let mut stream = inner.stream;
                 if !proctime {
@@ -444,12 +459,72 @@ impl Builder<'_> {
                     digest: d,
                 });
             }
+            Node::Join { left, right, keys } => {
+                if keys.is_empty() {
+                    return Err(SqlError::msg(
+                        "a join needs an equality of a column of each side (ON a.k = b.k): a cross join is not supported",
+                    ));
+                }
+                let mark = self.plan.len();
+                let l = self.build(left, prefix, depth + 1)?;
+                let r = self.build(right, prefix, depth + 1)?;
+                let text = format!("join {keys:?} {:?}", self.ttl);
+                let d = digest(&text, &[l.digest, r.digest]);
+                let uid = self.unique(format!("{prefix}.join-{d:08x}"));
+                let lk: Arc<[usize]> = keys.iter().map(|k| k.0).collect();
+                let rk: Arc<[usize]> = keys.iter().map(|k| k.1).collect();
+                let f = JoinFn {
+                    keys: [lk.clone(), rk.clone()],
+                    ttl: self.ttl,
+                    rows: None,
+                };
+                let key_of = |k: Arc<[usize]>| {
+                    move |r: &Row| {
+                        k.iter()
+                            .map(|&i| r.values[i].clone())
+                            .collect::<Vec<Value>>()
+                    }
+                };
+                let stream = l
+                    .stream
+                    .key_by(key_of(lk))
+                    .connect(r.stream.key_by(key_of(rk)))
+                    .process(f)
+                    .uid(&uid)
+                    .name("join");
+                let on: Vec<String> = keys
+                    .iter()
+                    .map(|(a, b)| {
+                        format!(
+                            "{} = {}",
+                            column_text(&left.columns[*a]),
+                            column_text(&right.columns[*b])
+                        )
+                    })
+                    .collect();
+                let ttl = self
+                    .ttl
+                    .map(|t| format!(", ttl {} ms", t.as_millis()))
+                    .unwrap_or_default();
+                let line = format!(
+                    "join (inner{}): key=[{}] state=rows of both inputs per key{ttl} uid={uid}",
+                    if left.updating || right.updating {
+                        ", changelog"
+                    } else {
+                        ""
+                    },
+                    on.join(", ")
+                );
+                self.plan
+                    .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
+                return Ok(Built { stream, digest: d });
+            }
             Node::GroupAgg { input, keys, aggs } => {
                 let mark = self.plan.len();
                 let inner = self.build(input, prefix, depth + 1)?;
                 let text = format!("group {keys} {aggs:?} {:?}", self.ttl);
                 let d = digest(&text, &[inner.digest]);
-                let uid = format!("{prefix}.group-{d:08x}");
+                let uid = self.unique(format!("{prefix}.group-{d:08x}"));
                 let k = *keys;
                 let f = GroupAggFn {
                     aggs: Arc::new(aggs.clone()),
@@ -642,6 +717,102 @@ impl AggregateFunction<Row, Vec<Value>> for SqlAggregate {
             .zip(acc)
             .map(|(a, x)| a.result(x).unwrap_or(Value::Null))
             .collect()
+    }
+}
+
+/// A column as EXPLAIN names it: `qualifier.name`.
+fn column_text(c: &super::plan::Column) -> String {
+    match &c.qualifier {
+        Some(q) => format!("{q}.{}", c.name),
+        None => c.name.clone(),
+    }
+}
+
+/// A regular inner join: per key, the rows of each input (with their multiplicity) in map
+/// state. A row joins the other input's rows of its key, then is kept for the rows to come; a
+/// retraction (-U/-D) joins the same rows as -D and takes the row back. Rows with a NULL key
+/// never join and are not kept.
+#[derive(Clone)]
+struct JoinFn {
+    /// The key columns of the left and the right input.
+    keys: [Arc<[usize]>; 2],
+    ttl: Option<Duration>,
+    /// The rows of the left and the right input.
+    rows: Option<[MapState<Vec<Value>, i64>; 2]>,
+}
+
+const JOIN_STATE: [&str; 2] = ["sql.join.left", "sql.join.right"];
+
+impl JoinFn {
+    fn on_row(
+        &self,
+        side: usize,
+        row: Row,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        out: &mut Collector<Row>,
+    ) -> TaskResult {
+        let Some(rows) = &self.rows else {
+            return Ok(());
+        };
+        if self.keys[side].iter().any(|&i| row.values[i].is_null()) {
+            return Ok(());
+        }
+        let addition = row.kind.is_addition();
+        let kind = if addition {
+            RowKind::Insert
+        } else {
+            RowKind::Delete
+        };
+        for (other, n) in rows[1 - side].entries(ctx)? {
+            for _ in 0..*n {
+                let (l, r) = if side == 0 {
+                    (&row.values, other)
+                } else {
+                    (other, &row.values)
+                };
+                let mut values = Vec::with_capacity(l.len() + r.len());
+                values.extend_from_slice(l);
+                values.extend_from_slice(r);
+                out.collect(Row { kind, values });
+            }
+        }
+        let mine = &rows[side];
+        let count =
+            mine.get(ctx, &row.values)?.copied().unwrap_or(0) + if addition { 1 } else { -1 };
+        if count > 0 {
+            mine.put(ctx, row.values, count)
+        } else {
+            mine.remove(ctx, &row.values)
+        }
+    }
+}
+
+impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
+    fn open(&mut self, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
+        let mut state = |name: &str| match self.ttl {
+            Some(t) => ctx.map_state_with_ttl(name, StateTtlConfig::new(t)),
+            None => ctx.map_state(name),
+        };
+        self.rows = Some([state(JOIN_STATE[0])?, state(JOIN_STATE[1])?]);
+        Ok(())
+    }
+
+    fn process1(
+        &mut self,
+        row: Row,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        out: &mut Collector<Row>,
+    ) -> TaskResult {
+        self.on_row(0, row, ctx, out)
+    }
+
+    fn process2(
+        &mut self,
+        row: Row,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        out: &mut Collector<Row>,
+    ) -> TaskResult {
+        self.on_row(1, row, ctx, out)
     }
 }
 

@@ -190,6 +190,17 @@ impl Expr {
         yes
     }
 
+    /// The columns it reads.
+    pub fn columns(&self) -> Vec<usize> {
+        let mut cols = Vec::new();
+        self.visit(&mut |e| {
+            if let Expr::Col(i) = e {
+                cols.push(*i);
+            }
+        });
+        cols
+    }
+
     fn visit(&self, f: &mut dyn FnMut(&Expr)) {
         f(self);
         match self {

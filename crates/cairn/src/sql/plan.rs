@@ -104,6 +104,14 @@ pub enum Node {
         keys: usize,
         aggs: Vec<AggCall>,
     },
+    /// A regular inner join on equal columns (`keys`: a column of the left input and one of
+    /// the right): its columns are the left's, then the right's. Empty keys (no equality
+    /// between the two sides found yet) is a cross join, which is not built.
+    Join {
+        left: Box<Rel>,
+        right: Box<Rel>,
+        keys: Vec<(usize, usize)>,
+    },
 }
 
 /// Tables and views by name.
@@ -1157,20 +1165,174 @@ struct From {
 }
 
 fn plan_from(from: &[ast::TableWithJoins], catalog: &Catalog, at: Location) -> Result<From> {
-    let [item] = from else {
-        return if from.is_empty() {
-            unsupported(at, "SELECT without FROM")
-        } else {
-            unsupported(at, "a comma join (several tables in FROM)")
-        };
+    let Some((first, rest)) = from.split_first() else {
+        return unsupported(at, "SELECT without FROM");
     };
-    if let Some(j) = item.joins.first() {
+    let mut acc = plan_joined(first, catalog)?;
+    // `FROM a, b WHERE a.k = b.k`: a join whose condition the WHERE gives.
+    for item in rest {
+        let right = plan_joined(item, catalog)?;
+        acc = join(acc, right, None, at)?;
+    }
+    Ok(acc)
+}
+
+fn plan_joined(item: &ast::TableWithJoins, catalog: &Catalog) -> Result<From> {
+    let mut acc = plan_factor(&item.relation, catalog)?;
+    for j in &item.joins {
+        let at = j.relation.span().start;
+        let constraint = match &j.join_operator {
+            ast::JoinOperator::Join(c) | ast::JoinOperator::Inner(c) => Some(c),
+            ast::JoinOperator::CrossJoin(c) => Some(c),
+            ast::JoinOperator::Left(_) | ast::JoinOperator::LeftOuter(_) => {
+                return unsupported(at, "LEFT [OUTER] JOIN (only inner joins)")
+            }
+            ast::JoinOperator::Right(_) | ast::JoinOperator::RightOuter(_) => {
+                return unsupported(at, "RIGHT [OUTER] JOIN (only inner joins)")
+            }
+            ast::JoinOperator::FullOuter(_) => {
+                return unsupported(at, "FULL OUTER JOIN (only inner joins)")
+            }
+            _ => None,
+        };
+        let on = match constraint {
+            Some(ast::JoinConstraint::On(e)) => Some(e),
+            Some(ast::JoinConstraint::None) => None,
+            Some(_) => return unsupported(at, "JOIN … USING and NATURAL JOIN (write ON)"),
+            None => return unsupported(at, "this kind of join (only inner joins)"),
+        };
+        let right = plan_factor(&j.relation, catalog)?;
+        acc = join(acc, right, on, at)?;
+    }
+    Ok(acc)
+}
+
+/// The inner join of `left` and `right` on `on` (None: a condition the WHERE gives).
+fn join(left: From, right: From, on: Option<&ast::Expr>, at: Location) -> Result<From> {
+    if left.window.is_some() || right.window.is_some() {
         return unsupported(
-            j.relation.span().start,
-            "JOIN (regular, interval and window joins are not implemented yet)",
+            at,
+            "a join of window table-valued functions (a window join)",
         );
     }
-    plan_factor(&item.relation, catalog)
+    let (left, right) = (left.rel, right.rel);
+    // A regular join's output is not ordered in time: its time attributes are timestamps.
+    let columns: Vec<Column> = left
+        .columns
+        .iter()
+        .chain(&right.columns)
+        .map(|c| Column {
+            time: Time::None,
+            ..c.clone()
+        })
+        .collect();
+    let updating = left.updating || right.updating;
+    let mut rel = Rel {
+        node: Node::Join {
+            left: Box::new(left),
+            right: Box::new(right),
+            keys: Vec::new(),
+        },
+        columns,
+        updating,
+    };
+    if let Some(on) = on {
+        let (condition, ty) = bind_expr(on, &Scope::new(&rel.columns))?;
+        expect_bool(&ty, on)?;
+        rel = filtered(rel, condition);
+    }
+    Ok(From { rel, window: None })
+}
+
+/// The conjuncts of a condition (`a AND b AND …`).
+fn conjuncts(e: Expr, out: &mut Vec<Expr>) {
+    match e {
+        Expr::Bin(BinOp::And, a, b, _) => {
+            conjuncts(*a, out);
+            conjuncts(*b, out);
+        }
+        other => out.push(other),
+    }
+}
+
+/// `rel` filtered by `condition`. Over a join, each conjunct goes where it applies: an
+/// equality of a left and a right column becomes a join key, a conjunct of one side's columns
+/// filters that side before the join (its state holds only rows that can join), and the rest
+/// filters the joined rows.
+fn filtered(rel: Rel, condition: Expr) -> Rel {
+    let Node::Join {
+        left,
+        right,
+        mut keys,
+    } = rel.node
+    else {
+        let project = (0..rel.columns.len()).map(Expr::Col).collect();
+        let columns = rel.columns.clone();
+        return calc(rel, Some(condition), project, columns);
+    };
+    let split = left.columns.len();
+    let mut parts = Vec::new();
+    conjuncts(condition, &mut parts);
+    let (mut on_left, mut on_right, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    for c in parts {
+        let cols = c.columns();
+        if let Expr::Bin(BinOp::Eq, a, b, _) = &c {
+            if let (Some(a), Some(b)) = (a.as_col(), b.as_col()) {
+                let same_type = rel.columns[a].ty.comparable_key(&rel.columns[b].ty);
+                match (a < split, b < split) {
+                    (true, false) if same_type => {
+                        keys.push((a, b - split));
+                        continue;
+                    }
+                    (false, true) if same_type => {
+                        keys.push((b, a - split));
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !cols.is_empty() && cols.iter().all(|&i| i < split) {
+            on_left.push(c);
+        } else if !cols.is_empty() && cols.iter().all(|&i| i >= split) {
+            let shift: Vec<Expr> = (0..rel.columns.len())
+                .map(|i| Expr::Col(i.saturating_sub(split)))
+                .collect();
+            on_right.push(c.substitute(&shift));
+        } else {
+            rest.push(c);
+        }
+    }
+    let and = |parts: Vec<Expr>| {
+        parts
+            .into_iter()
+            .reduce(|a, b| Expr::Bin(BinOp::And, Box::new(a), Box::new(b), SqlType::Boolean))
+    };
+    let left = match and(on_left) {
+        Some(f) => filtered(*left, f),
+        None => *left,
+    };
+    let right = match and(on_right) {
+        Some(f) => filtered(*right, f),
+        None => *right,
+    };
+    let joined = Rel {
+        node: Node::Join {
+            left: Box::new(left),
+            right: Box::new(right),
+            keys,
+        },
+        columns: rel.columns,
+        updating: rel.updating,
+    };
+    match and(rest) {
+        Some(f) => {
+            let project = (0..joined.columns.len()).map(Expr::Col).collect();
+            let columns = joined.columns.clone();
+            calc(joined, Some(f), project, columns)
+        }
+        None => joined,
+    }
 }
 
 fn alias_columns(mut rel: Rel, alias: &Option<ast::TableAlias>) -> Rel {
@@ -1446,9 +1608,9 @@ fn plan_select(s: &ast::Select, catalog: &Catalog) -> Result<Rel> {
         if let Some((kind, ..)) = &from.window {
             return unsupported(at, &format!("a window table-valued function ({kind:?}) without GROUP BY window_start, window_end"));
         }
-        let rel = from.rel;
+        let mut rel = from.rel;
         let scope = Scope::new(&rel.columns);
-        let filter = match &s.selection {
+        let mut filter = match &s.selection {
             Some(w) => {
                 let (f, t) = bind_expr(w, &scope)?;
                 expect_bool(&t, w)?;
@@ -1457,6 +1619,11 @@ fn plan_select(s: &ast::Select, catalog: &Catalog) -> Result<Rel> {
             None => None,
         };
         let (project, columns) = projection(&s.projection, &scope, &rel.columns)?;
+        if matches!(rel.node, Node::Join { .. }) {
+            if let Some(f) = filter.take() {
+                rel = filtered(rel, f);
+            }
+        }
         return Ok(calc(rel, filter, project, columns));
     }
     plan_aggregate(s, from, group_by, aggs)
@@ -1850,6 +2017,11 @@ fn plan_aggregate(
             Some(f)
         }
         None => None,
+    };
+    // A WHERE over a join gives it its keys and filters its sides.
+    let (rel, filter) = match filter {
+        Some(f) if matches!(rel.node, Node::Join { .. }) => (filtered(rel, f), None),
+        f => (rel, f),
     };
     let (node, mut columns, updating) = match &from.window {
         Some((kind, time_col, _)) => {

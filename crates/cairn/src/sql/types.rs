@@ -35,6 +35,18 @@ pub enum SqlType {
 }
 
 impl SqlType {
+    /// Whether equal values of this type and `other` are equal keys (the same [`Value`]
+    /// variant): integers with integers, otherwise the same type.
+    pub fn comparable_key(&self, other: &SqlType) -> bool {
+        use SqlType::*;
+        match (self, other) {
+            (Int | BigInt, Int | BigInt) => true,
+            (Decimal(_, a), Decimal(_, b)) => a == b,
+            (Timestamp { .. }, Timestamp { .. }) => true,
+            (a, b) => a == b,
+        }
+    }
+
     /// Numeric types take part in arithmetic.
     pub fn is_numeric(&self) -> bool {
         matches!(
