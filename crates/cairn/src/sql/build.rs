@@ -620,15 +620,28 @@ fn assigner(w: &WindowKind, proctime: bool) -> Result<WindowAssigner> {
     Ok(a)
 }
 
-/// Which projections may move their column out of the row instead of cloning it: plain
-/// column references of a column no other projection reads.
+/// Which projections may move their value out of the row instead of cloning it: a column,
+/// or a field of a column (`bid.price`), that no other projection reads.
 fn moves(project: &[Expr]) -> Vec<bool> {
+    // Computed projections are evaluated before any value moves, so only another moved
+    // projection of the same column could find it gone.
+    let column = |e: &Expr| match e {
+        Expr::Col(i) => Some(*i),
+        Expr::Field(inner, _) => inner.as_col(),
+        _ => None,
+    };
     project
         .iter()
         .map(|e| match e {
-            // Computed projections are evaluated before any column moves, so only another
-            // reference to the same column forbids the move.
-            Expr::Col(i) => project.iter().filter(|x| x.as_col() == Some(*i)).count() == 1,
+            Expr::Col(i) => project.iter().filter(|x| column(x) == Some(*i)).count() == 1,
+            Expr::Field(inner, k) => match inner.as_col() {
+                Some(c) => {
+                    let same = |x: &&Expr| matches!(x, Expr::Field(a, j) if a.as_col() == Some(c) && j == k);
+                    let whole = project.iter().any(|x| x.as_col() == Some(c));
+                    !whole && project.iter().filter(same).count() == 1
+                }
+                None => false,
+            },
             _ => false,
         })
         .collect()
@@ -673,8 +686,21 @@ impl ProcessFunction<Row, Row> for CalcFn {
             .zip(self.moves.iter())
             .zip(values.iter_mut())
         {
-            if let (true, Some(i)) = (*m, e.as_col()) {
-                *slot = std::mem::take(&mut row.values[i]);
+            if !*m {
+                continue;
+            }
+            match e {
+                Expr::Col(i) => *slot = std::mem::take(&mut row.values[*i]),
+                Expr::Field(inner, k) => {
+                    if let Some(Value::Row(fields)) =
+                        inner.as_col().and_then(|c| row.values.get_mut(c))
+                    {
+                        if let Some(v) = fields.get_mut(*k) {
+                            *slot = std::mem::take(v);
+                        }
+                    }
+                }
+                _ => {}
             }
         }
         out.collect(Row {
@@ -902,5 +928,53 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for GroupAggFn {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(c: usize, k: usize) -> Expr {
+        Expr::Field(Box::new(Expr::Col(c)), k)
+    }
+
+    #[test]
+    fn a_column_or_field_read_once_moves_and_one_read_twice_is_cloned() {
+        let project = [
+            field(3, 0),
+            field(3, 1),
+            Expr::Col(0),
+            field(3, 0),
+            Expr::Col(1),
+        ];
+        assert_eq!(moves(&project), [false, true, true, false, true]);
+        // The whole column and one of its fields: neither moves.
+        assert_eq!(moves(&[Expr::Col(3), field(3, 1)]), [false, false]);
+    }
+
+    #[test]
+    fn a_calc_moves_fields_out_of_a_row_and_keeps_the_rest() {
+        let mut calc = CalcFn {
+            filter: None,
+            project: Arc::new(vec![field(1, 1), field(1, 0), field(1, 1), Expr::Col(0)]),
+            moves: Arc::new(Vec::new()),
+        };
+        calc.moves = Arc::new(moves(&calc.project));
+        let nested = Value::Row(vec![Value::Int(7), Value::Str("x".into())].into());
+        let row = Row::insert(vec![Value::Int(1), nested]);
+        let mut out = Vec::new();
+        let mut collector = Collector::new(&mut out);
+        let mut store = OperatorStateStore::new(0, 1, Default::default());
+        calc.process(row, &mut store, &mut collector).unwrap();
+        assert_eq!(
+            out[0].values,
+            vec![
+                Value::Str("x".into()),
+                Value::Int(7),
+                Value::Str("x".into()),
+                Value::Int(1)
+            ]
+        );
     }
 }

@@ -231,12 +231,30 @@ impl Expr {
     }
 
     /// Evaluates on `row`.
+    /// The value of a column, or of a field of one, in `row` without copying it (None: it is
+    /// not such a path).
+    pub fn place<'a>(&self, row: &'a [Value]) -> Option<&'a Value> {
+        static NULL: Value = Value::Null;
+        match self {
+            Expr::Col(i) => Some(row.get(*i).unwrap_or(&NULL)),
+            Expr::Field(e, i) => match e.place(row)? {
+                Value::Row(fields) => Some(fields.get(*i).unwrap_or(&NULL)),
+                _ => Some(&NULL),
+            },
+            _ => None,
+        }
+    }
+
     pub fn eval(&self, row: &[Value]) -> EvalResult {
         Ok(match self {
             Expr::Col(i) => row.get(*i).cloned().unwrap_or_default(),
-            Expr::Field(e, i) => match e.eval(row)? {
-                Value::Row(fields) => fields.get(*i).cloned().unwrap_or_default(),
-                _ => Value::Null,
+            // A field is read in place: evaluating its row first would copy the whole row.
+            Expr::Field(e, i) => match self.place(row) {
+                Some(v) => v.clone(),
+                None => match e.eval(row)? {
+                    Value::Row(fields) => fields.get(*i).cloned().unwrap_or_default(),
+                    _ => Value::Null,
+                },
             },
             Expr::Lit(v) => v.clone(),
             Expr::Not(e) => match e.eval(row)? {
