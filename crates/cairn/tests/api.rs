@@ -281,3 +281,56 @@ fn reports_of_subtasks_a_worker_forgot_are_forgotten() {
     assert!(snapshots_of_job(ended).is_empty());
     assert_eq!(snapshots_of_job(running).len(), 1);
 }
+
+/// Counts, per key, the records of both inputs (a join's state without its output).
+#[derive(Clone, Default)]
+struct CountBoth;
+
+impl KeyedCoProcessFunction<u64, u64, u64, u64> for CountBoth {
+    fn process1(
+        &mut self,
+        v: u64,
+        _: &mut KeyedContext<u64>,
+        out: &mut Collector<u64>,
+    ) -> TaskResult {
+        out.collect(v);
+        Ok(())
+    }
+    fn process2(
+        &mut self,
+        v: u64,
+        _: &mut KeyedContext<u64>,
+        out: &mut Collector<u64>,
+    ) -> TaskResult {
+        out.collect(v);
+        Ok(())
+    }
+}
+
+/// One stream feeding both inputs of a two-input operator (a self-join's diamond).
+#[test]
+fn one_stream_into_both_inputs_of_a_keyed_connect_delivers_every_record_twice() {
+    for round in 0..20 {
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let env = StreamEnv::new();
+        let numbers = env
+            .source_with_watermarks(
+                SequenceSource::new(200_000, 0, |i| i),
+                cairn::api::WatermarkStrategy::bounded_out_of_orderness(
+                    std::time::Duration::from_millis(4),
+                    |n: &u64| *n as i64,
+                ),
+            )
+            .uid("numbers");
+        let evens = numbers.clone().filter(|n: &u64| n % 2 == 0).uid("evens");
+        let all = numbers.map(|n: u64| n).uid("all");
+        evens
+            .key_by(|n: &u64| *n % 97)
+            .connect(all.key_by(|n: &u64| *n % 97))
+            .process(CountBoth)
+            .uid("both")
+            .sink(Collect(out.clone()));
+        run(&env, 2);
+        assert_eq!(out.lock().unwrap().len(), 300_000, "round {round}");
+    }
+}
