@@ -250,6 +250,15 @@ fn undisturbed_windows() -> Vec<String> {
 /// failpoint in turn (order and checkpoints from `seed`), resumed `--from latest` each time
 /// and once more to its end; its committed lines must be `expected`.
 fn killed_and_resumed(script: &dyn Fn(&Path) -> String, seed: u64, expected: &[String]) {
+    let check = |out: &Path| {
+        assert_no_leftovers(out);
+        assert_same("killed and resumed", &committed(out), expected);
+    };
+    killed_at(script, seed, &FAILPOINTS, &check);
+}
+
+/// [`killed_and_resumed`] at `points`, the output checked by `check`.
+fn killed_at(script: &dyn Fn(&Path) -> String, seed: u64, points: &[&str], check: &dyn Fn(&Path)) {
     let tmp = tempfile::tempdir().unwrap();
     let (out, ck) = (tmp.path().join("out"), tmp.path().join("ck"));
     let text = script(&out);
@@ -264,7 +273,11 @@ fn killed_and_resumed(script: &dyn Fn(&Path) -> String, seed: u64, expected: &[S
         cmd
     };
     let mut next = seeded(seed);
-    for (i, point) in shuffled_failpoints(&mut next).into_iter().enumerate() {
+    let mut points = points.to_vec();
+    for i in (1..points.len()).rev() {
+        points.swap(i, (next() % (i as u64 + 1)) as usize);
+    }
+    for (i, point) in points.into_iter().enumerate() {
         let at = 2 + 2 * i as u64 + next() % 2;
         let marker = tmp.path().join(format!("marker-{i}"));
         let log = tmp.path().join(format!("run-{i}.log"));
@@ -276,8 +289,83 @@ fn killed_and_resumed(script: &dyn Fn(&Path) -> String, seed: u64, expected: &[S
     let last = run_ok(run().stderr(Stdio::piped()));
     let stderr = String::from_utf8_lossy(&last.stderr);
     assert!(stderr.contains("restored from "), "{stderr}");
-    assert_no_leftovers(&out);
-    assert_same("killed and resumed", &committed(&out), expected);
+    check(&out);
+}
+
+const PG_URL: &str = "postgres://cairn:cairn@127.0.0.1:55432/cairn";
+
+/// The test PostgreSQL server (`scripts/service-postgres`, or `CAIRN_TEST_PG_URL`).
+fn pg() -> (postgres::Client, String) {
+    let url = std::env::var("CAIRN_TEST_PG_URL").unwrap_or_else(|_| PG_URL.to_string());
+    let client = postgres::Client::connect(&url, postgres::NoTls).unwrap_or_else(|e| {
+        panic!("PostgreSQL at {url} does not answer ({e}): start it with scripts/service-postgres (or set CAIRN_TEST_PG_URL)")
+    });
+    (client, url)
+}
+
+/// An updating aggregation into a jdbc (PostgreSQL upsert) sink, SIGKILLed at every failpoint
+/// (one inside the sink's transaction too) and resumed: the table ends as the aggregation of
+/// every row, each counted once.
+#[test]
+fn an_updating_aggregation_into_a_jdbc_table_sigkilled_and_resumed_ends_exactly_right() {
+    let rows = 3_000_000u64;
+    let (mut db, url) = pg();
+    let table = format!("sql_totals_{}", std::process::id());
+    db.batch_execute(&format!(
+        "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (k BIGINT PRIMARY KEY, cnt BIGINT, total BIGINT, top BIGINT, amounts BIGINT)"
+    ))
+    .unwrap();
+    let jdbc = url.replacen("postgres://cairn:cairn@", "jdbc:postgresql://", 1);
+    let script = |_: &Path| {
+        format!(
+            "CREATE TABLE numbers (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '{rows}', 'fields.id.kind' = 'sequence', 'fields.id.start' = '0', 'rows-per-second' = '0');
+CREATE TABLE totals (k BIGINT, cnt BIGINT, total BIGINT, top BIGINT, amounts BIGINT, PRIMARY KEY (k) NOT ENFORCED)
+  WITH ('connector' = 'jdbc', 'url' = '{jdbc}', 'table-name' = '{table}', 'username' = 'cairn', 'password' = 'cairn');
+INSERT INTO totals
+SELECT k, COUNT(*), SUM(amount), MAX(amount), COUNT(DISTINCT amount)
+FROM (SELECT id % 1000 AS k, id * 7 % 101 AS amount FROM numbers)
+GROUP BY k;"
+        )
+    };
+    let mut points = FAILPOINTS.to_vec();
+    points.push("sink-writing");
+    let check = |_: &Path| {
+        let (mut db, _) = pg();
+        let got: Vec<(i64, i64, i64, i64, i64)> = db
+            .query(
+                &format!("SELECT k, cnt, total, top, amounts FROM {table} ORDER BY k"),
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect();
+        let mut expected = std::collections::BTreeMap::<
+            i64,
+            (i64, i64, i64, std::collections::BTreeSet<i64>),
+        >::new();
+        for id in 0..rows as i64 {
+            let e = expected.entry(id % 1000).or_default();
+            let amount = id * 7 % 101;
+            e.0 += 1;
+            e.1 += amount;
+            e.2 = e.2.max(amount);
+            e.3.insert(amount);
+        }
+        let expected: Vec<(i64, i64, i64, i64, i64)> = expected
+            .into_iter()
+            .map(|(k, (c, t, m, d))| (k, c, t, m, d.len() as i64))
+            .collect();
+        assert!(
+            got == expected,
+            "{} rows in the table, {} expected; first difference: {:?}",
+            got.len(),
+            expected.len(),
+            got.iter().zip(&expected).find(|(g, e)| g != e)
+        );
+    };
+    killed_at(&script, 41, &points, &check);
+    db.batch_execute(&format!("DROP TABLE {table}")).unwrap();
 }
 
 #[test]
@@ -531,6 +619,14 @@ fn bad_sql_is_a_one_line_error_naming_what_and_where() {
             &["gives 1 column(s), table 'out_t' has 2"],
         ),
         // Options.
+        (
+            &format!("{ORDERS}CREATE TABLE j (customer STRING, total DECIMAL(38, 2)) WITH ('connector' = 'jdbc', 'url' = 'jdbc:postgresql://127.0.0.1:1/x', 'table-name' = 't');\nINSERT INTO j SELECT customer, SUM(amount) FROM orders GROUP BY customer;"),
+            &["the jdbc sink needs a PRIMARY KEY"],
+        ),
+        (
+            &format!("{ORDERS}CREATE TABLE j (customer STRING, total DECIMAL(38, 2), PRIMARY KEY (customer) NOT ENFORCED) WITH ('connector' = 'jdbc', 'url' = 'jdbc:mysql://127.0.0.1/x', 'table-name' = 't');\nINSERT INTO j SELECT customer, SUM(amount) FROM orders GROUP BY customer;"),
+            &["'url' must be jdbc:postgresql://"],
+        ),
         (
             &format!("{ORDERS}CREATE TABLE t (id BIGINT) WITH ('connector' = 'nosuch');\nINSERT INTO t SELECT id FROM orders;"),
             &["'nosuch'"],

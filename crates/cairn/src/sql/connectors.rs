@@ -18,10 +18,17 @@ use super::types::{parse_timestamp, write_timestamp, Row, RowKind, SqlType, Valu
 use super::SqlError;
 
 /// The connectors SQL tables can use.
-pub const CONNECTORS: &[&str] = &["nexmark", "datagen", "filesystem", "print", "blackhole"];
+pub const CONNECTORS: &[&str] = &[
+    "nexmark",
+    "datagen",
+    "filesystem",
+    "print",
+    "blackhole",
+    "jdbc",
+];
 
 /// Connectors of Flink that cairn's SQL does not offer yet.
-const NOT_YET: &[&str] = &["kafka", "upsert-kafka", "jdbc"];
+const NOT_YET: &[&str] = &["kafka", "upsert-kafka"];
 
 type Result<T> = std::result::Result<T, SqlError>;
 
@@ -608,6 +615,145 @@ fn random_text(i: u64, field: u64, length: usize) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
+// jdbc
+
+/// The options of the `jdbc` connector.
+#[cfg(feature = "postgres")]
+const JDBC_OPTIONS: &[&str] = &["url", "table-name", "username", "password"];
+
+/// Writes `stream` into an existing PostgreSQL table (`'url' = 'jdbc:postgresql://…'`),
+/// upserting and deleting by the table's PRIMARY KEY, as Flink's JDBC sink does in upsert mode.
+#[cfg(feature = "postgres")]
+fn jdbc_sink(
+    stream: DataStream<Row>,
+    table: &Table,
+    mut options: Options,
+    uid: &str,
+) -> Result<()> {
+    use crate::connectors::postgres::{RowChange, TableColumn, UpsertTableSink};
+    let required = |options: &mut Options, key: &str| {
+        options.take(key).ok_or_else(|| {
+            SqlError::at(
+                table.def.at,
+                format!("table '{}': option '{key}' is required", table.def.name),
+            )
+        })
+    };
+    let url = required(&mut options, "url")?;
+    let name = required(&mut options, "table-name")?;
+    let user = options.take("username");
+    let password = options.take("password");
+    options.finish("jdbc", JDBC_OPTIONS)?;
+    let Some(rest) = url.strip_prefix("jdbc:postgresql://") else {
+        return table_err(
+            table,
+            format!("'url' must be jdbc:postgresql://HOST:PORT/DATABASE (cairn's jdbc sink writes to PostgreSQL), got '{url}'"),
+        );
+    };
+    let mut url = format!("postgres://{rest}");
+    let mut params = Vec::new();
+    if let Some(u) = user {
+        params.push(format!("user={u}"));
+    }
+    if let Some(p) = password {
+        params.push(format!("password={p}"));
+    }
+    if !params.is_empty() {
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str(&params.join("&"));
+    }
+    if table.def.primary_key.is_empty() {
+        return table_err(
+            table,
+            "the jdbc sink needs a PRIMARY KEY (… NOT ENFORCED): it upserts by key, which makes its table exactly once; appending without a key would write rows again after a failure",
+        );
+    }
+    let mut columns = Vec::new();
+    for c in &table.columns {
+        let sql_type = match &c.ty {
+            SqlType::Boolean => "boolean".to_string(),
+            SqlType::Int => "integer".to_string(),
+            SqlType::BigInt => "bigint".to_string(),
+            SqlType::Double => "double precision".to_string(),
+            SqlType::Decimal(p, s) => format!("numeric({p}, {s})"),
+            SqlType::String => "text".to_string(),
+            SqlType::Timestamp { ltz: false } => "timestamp(3)".to_string(),
+            SqlType::Timestamp { ltz: true } => "timestamptz".to_string(),
+            other => {
+                return table_err(
+                    table,
+                    format!("column '{}': the jdbc sink cannot write {other}", c.name),
+                )
+            }
+        };
+        columns.push(TableColumn {
+            name: c.name.clone(),
+            sql_type,
+        });
+    }
+    let key: Vec<usize> = table
+        .def
+        .primary_key
+        .iter()
+        .map(|k| {
+            table
+                .columns
+                .iter()
+                .position(|c| &c.name == k)
+                .ok_or_else(|| {
+                    SqlError::at(
+                        table.def.at,
+                        format!(
+                            "table '{}': PRIMARY KEY column '{k}' is not a column",
+                            table.def.name
+                        ),
+                    )
+                })
+        })
+        .collect::<Result<_>>()?;
+    let change_of = Arc::new(|row: &Row| RowChange {
+        values: row
+            .values
+            .iter()
+            .map(|v| {
+                (!v.is_null()).then(|| {
+                    let mut text = String::new();
+                    v.write_text(&mut text, "");
+                    text
+                })
+            })
+            .collect(),
+        delete: row.kind == RowKind::Delete,
+    });
+    let sink = UpsertTableSink::new(&url, &name, columns, key, change_of).map_err(|e| {
+        SqlError::at(
+            table.def.at,
+            format!(
+                "table '{}': {}",
+                table.def.name,
+                e.replace("--pg-output", "'url'")
+                    .replace("--pg-table", "'table-name'")
+            ),
+        )
+    })?;
+    // An upsert by key needs no -U: the +U after it replaces the row.
+    stream
+        .filter(|r: &Row| r.kind != RowKind::UpdateBefore)
+        .uid(&format!("{uid}.upsert"))
+        .sink(sink)
+        .uid(uid);
+    Ok(())
+}
+
+#[cfg(not(feature = "postgres"))]
+fn jdbc_sink(_: DataStream<Row>, table: &Table, _: Options, _: &str) -> Result<()> {
+    table_err(
+        table,
+        "the jdbc connector needs cairn built with the `postgres` feature",
+    )
+}
+
+// ---------------------------------------------------------------------------------------
 // formats
 
 /// The options of the `filesystem` connector.
@@ -799,6 +945,7 @@ pub fn sink(stream: DataStream<Row>, table: &Table, updating: bool, uid: &str) -
             options.finish("blackhole", &[])?;
             stream.sink(DiscardSink).uid(uid);
         }
+        "jdbc" => jdbc_sink(stream, table, options, uid)?,
         "print" => {
             let prefix = options
                 .take("print-identifier")

@@ -29,6 +29,8 @@ mod client;
 #[cfg(feature = "postgres")]
 mod sink;
 #[cfg(feature = "postgres")]
+mod table;
+#[cfg(feature = "postgres")]
 mod two_phase;
 #[cfg(feature = "postgres")]
 mod upsert;
@@ -42,6 +44,8 @@ use std::str::FromStr;
 pub use client::Target;
 #[cfg(feature = "postgres")]
 pub use sink::PostgresSink;
+#[cfg(feature = "postgres")]
+pub use table::{RowChange, TableColumn, UpsertTableSink};
 #[cfg(feature = "postgres")]
 pub use two_phase::{parse_gid, Gid};
 
