@@ -206,6 +206,13 @@ fn submit_sql(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
 
 fn splice_submit(args: Vec<OsString>, path: &str) -> Result<Vec<OsString>, String> {
     let script = read_script(path)?;
+    let relative = cairn::sql::relative_paths(&script).map_err(|e| e.to_string())?;
+    if !relative.is_empty() {
+        return Err(format!(
+            "{path}: a script runs on the cluster's workers, where a relative path means another place; make it absolute: {}",
+            relative.join(", ")
+        ));
+    }
     let mut out: Vec<OsString> = args[..2].to_vec();
     out.push("sql".into());
     out.push(execute_arg(&script));

@@ -645,6 +645,25 @@ fn bad_sql_is_a_one_line_error_naming_what_and_where() {
             );
         }
     }
+    // A script for a cluster: its relative paths would mean another place on the workers.
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("relative.sql");
+    std::fs::write(
+        &script,
+        format!("{ORDERS}CREATE TABLE f (customer STRING) WITH ('connector' = 'filesystem', 'path' = 'out', 'format' = 'csv');\nINSERT INTO f SELECT customer FROM orders;"),
+    )
+    .unwrap();
+    let submitted = cairn()
+        .args(["submit", "--rest", "http://127.0.0.1:1", "--sql"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&submitted.stderr);
+    assert_eq!(submitted.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("make it absolute: table 'f': 'path' = 'out'"),
+        "{stderr}"
+    );
     let missing = cairn().args(["sql", "no/such/file.sql"]).output().unwrap();
     assert_eq!(missing.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&missing.stderr);

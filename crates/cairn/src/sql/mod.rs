@@ -103,6 +103,32 @@ pub fn config_of(script: &str) -> Result<Vec<(String, String)>, SqlError> {
         .collect())
 }
 
+/// The relative local paths a script names — a filesystem table's `'path'`, a `SET` of a
+/// directory key — described for an error: a script submitted to a cluster runs where its
+/// paths mean something else, so they must be absolute there.
+pub fn relative_paths(script: &str) -> Result<Vec<String>, SqlError> {
+    let relative = |p: &str| !p.contains("://") && !std::path::Path::new(p).is_absolute();
+    let mut found = Vec::new();
+    for s in parse::parse_script(script)? {
+        match s {
+            parse::Statement::CreateTable(t) => {
+                let filesystem =
+                    t.options.get("connector").map(String::as_str) == Some("filesystem");
+                if let Some(p) = t.options.get("path").filter(|p| filesystem && relative(p)) {
+                    found.push(format!("table '{}': 'path' = '{p}'", t.name));
+                }
+            }
+            parse::Statement::Set { key, value, .. }
+                if key.ends_with("dir") && relative(&value) =>
+            {
+                found.push(format!("SET '{key}' = '{value}'"));
+            }
+            _ => {}
+        }
+    }
+    Ok(found)
+}
+
 /// The closest of `candidates` to `name`, if one is close enough to be a likely typo.
 pub(crate) fn did_you_mean<'a>(
     name: &str,
