@@ -101,7 +101,7 @@ fn a_job_or_parameters_the_coordinator_cannot_build_are_refused_at_submit() {
         .unwrap();
     assert_eq!(
         one_error_line(&out),
-        "error: unknown job 'only-here'; jobs: wordcount, backpressure, pipelines, nexmark"
+        "error: unknown job 'only-here'; jobs: sql, wordcount, backpressure, pipelines, nexmark"
     );
 
     // Parameters the job refuses, checked by the coordinator as `run` checks them.

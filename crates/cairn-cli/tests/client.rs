@@ -503,7 +503,7 @@ fn submit_sends_the_jobs_typed_parameters_and_options_as_json_and_prints_the_job
     let out = client(&["submit", "nope", "--x"], &url, Some(TOKEN));
     assert_eq!(
         out.error_line(),
-        "error: unknown job 'nope'; jobs: wordcount, backpressure, pipelines, nexmark"
+        "error: unknown job 'nope'; jobs: sql, wordcount, backpressure, pipelines, nexmark"
     );
     // A parameter of another job, or a misspelt option, is clap's error (exit 2).
     let out = cairn(&["submit", "--rest", &url, "wordcount", "--query", "q1"]);
