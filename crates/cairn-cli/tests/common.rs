@@ -48,6 +48,32 @@ pub fn generated_counts(count: u64, keys: u64) -> HashMap<String, u64> {
     m
 }
 
+/// Flags for a restart strategy that retries at once, as often as a test's failures need.
+pub const RESTART_FAST: [&str; 6] = [
+    "-D",
+    "restart-strategy.type=fixed-delay",
+    "-D",
+    "restart-strategy.fixed-delay.attempts=1000",
+    "-D",
+    "restart-strategy.fixed-delay.delay=0ms",
+];
+
+/// Every line of the committed files in `dir` (names not starting with '.' or '_'), sorted.
+pub fn committed_sorted(dir: &Path) -> Vec<String> {
+    let mut lines = Vec::new();
+    for e in std::fs::read_dir(dir).expect("output dir exists") {
+        let e = e.expect("dir entry");
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || name.starts_with('_') {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).expect("committed file is UTF-8");
+        lines.extend(text.lines().map(str::to_string));
+    }
+    lines.sort_unstable();
+    lines
+}
+
 /// Every `WORD<TAB>COUNT` line of the committed files (names not starting with '.' or '_').
 pub fn committed_lines(dir: &Path) -> HashMap<String, Vec<u64>> {
     let mut seen: HashMap<String, Vec<u64>> = HashMap::new();

@@ -9,15 +9,6 @@ use std::process::{Command, Stdio};
 
 use common::*;
 
-const RESTART_FAST: [&str; 6] = [
-    "-D",
-    "restart-strategy.type=fixed-delay",
-    "-D",
-    "restart-strategy.fixed-delay.attempts=1000",
-    "-D",
-    "restart-strategy.fixed-delay.delay=0ms",
-];
-
 /// Runs wordcount at parallelism 4 with injected failures in the given checkpoint mode;
 /// returns the duplicates and losses in the committed output.
 fn injected(extra: &[&str], seeds: &[u64]) -> Vec<Check> {

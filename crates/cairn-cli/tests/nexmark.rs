@@ -18,15 +18,6 @@ const EVENTS: u64 = 200_000;
 const SEED: u64 = 42;
 const RATE: u64 = 1_000;
 
-const RESTART_FAST: [&str; 6] = [
-    "-D",
-    "restart-strategy.type=fixed-delay",
-    "-D",
-    "restart-strategy.fixed-delay.attempts=1000",
-    "-D",
-    "restart-strategy.fixed-delay.delay=0ms",
-];
-
 /// The lines `query` must commit for events `0..events`, sorted.
 fn reference(query: &str, events: u64, seed: u64) -> Vec<String> {
     let generator = NexmarkGenerator::new(seed, RATE);
@@ -90,22 +81,6 @@ fn reference(query: &str, events: u64, seed: u64) -> Vec<String> {
     lines
 }
 
-/// Every line of the committed files in `dir` (names not starting with '.' or '_'), sorted.
-fn committed(dir: &Path) -> Vec<String> {
-    let mut lines = Vec::new();
-    for e in std::fs::read_dir(dir).expect("output dir exists") {
-        let e = e.expect("dir entry");
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || name.starts_with('_') {
-            continue;
-        }
-        let text = std::fs::read_to_string(e.path()).expect("committed file is UTF-8");
-        lines.extend(text.lines().map(str::to_string));
-    }
-    lines.sort_unstable();
-    lines
-}
-
 /// `cairn run nexmark` of `events` events from `seed` (which also seeds --inject-failures).
 fn nexmark(query: &str, events: u64, seed: u64, parallelism: u32, out: &Path) -> Command {
     let mut cmd = cairn();
@@ -132,7 +107,7 @@ fn matches_the_reference_at_every_parallelism(query: &str) {
             "{stderr}"
         );
         assert_no_leftovers(&out);
-        let got = committed(&out);
+        let got = committed_sorted(&out);
         assert!(
             got == expected,
             "{query} at parallelism {p}: {} lines committed, {} expected; first difference: {:?}",
@@ -193,7 +168,7 @@ fn q3_with_injected_failures_commits_exactly_the_output_of_an_undisturbed_run() 
             .filter(|l| l.contains("restoring regions") && l.contains(" from checkpoint "))
             .count();
         assert_no_leftovers(&out);
-        let got = committed(&out);
+        let got = committed_sorted(&out);
         assert!(
             got == expected,
             "p={p} seed {seed}: {} lines committed, {} expected",
@@ -292,7 +267,7 @@ fn undisturbed(query: &str, events: u64, seed: u64) -> Vec<String> {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(&mut nexmark(query, events, seed, 1, &out));
-    let lines = committed(&out);
+    let lines = committed_sorted(&out);
     assert!(!lines.is_empty(), "{query} produced nothing");
     lines
 }
@@ -308,7 +283,7 @@ fn event_time_queries_give_the_same_lines_at_every_parallelism() {
             let tmp = tempfile::tempdir().unwrap();
             let out = tmp.path().join("out");
             run_ok(&mut nexmark(query, 300_000, SEED, p, &out));
-            assert!(committed(&out) == expected, "{query} at p={p}");
+            assert!(committed_sorted(&out) == expected, "{query} at p={p}");
         }
     }
 }
@@ -333,7 +308,7 @@ fn event_time_queries_with_injected_failures_commit_exactly_the_output_of_an_und
             "{query}: {stderr}"
         );
         assert_no_leftovers(&out);
-        let got = committed(&out);
+        let got = committed_sorted(&out);
         assert!(
             got == expected,
             "{query} p={p}: {} lines committed, {} expected",
@@ -388,7 +363,7 @@ fn stop_with_drain_fires_the_open_window_and_ends_event_time() {
     assert!(status.success(), "{stderr}");
     assert_no_leftovers(&out);
 
-    let drained = committed(&out);
+    let drained = committed_sorted(&out);
     let windows: std::collections::BTreeSet<String> =
         drained.iter().map(|l| q7_window(l)).collect();
     let open = windows
@@ -431,7 +406,7 @@ fn stop_with_drain_fires_the_open_window_and_ends_event_time() {
     let stderr = String::from_utf8_lossy(&resumed.stderr);
     assert!(stderr.contains("event time ended"), "{stderr}");
     assert!(
-        committed(&out) == drained,
+        committed_sorted(&out) == drained,
         "the resumed drained job wrote more"
     );
 }
@@ -482,7 +457,7 @@ fn killed_and_resumed_with(query: &str, parallelism: u32, seed: u64, flags: &[&s
     let stderr = String::from_utf8_lossy(&last.stderr);
     assert!(stderr.contains("restored from "), "{query}: {stderr}");
     assert_no_leftovers(&out);
-    let got = committed(&out);
+    let got = committed_sorted(&out);
     assert!(
         got == expected,
         "{query}: {} lines committed, {} expected",
@@ -549,7 +524,7 @@ fn rescaled_through_a_savepoint_with(
             .args(flags),
     );
     let (savepoint, _) = first.stop_with_savepoint_after_a_checkpoint(&ck, deadline);
-    let partial = committed(&out).len();
+    let partial = committed_sorted(&out).len();
     assert!(
         partial < expected.len(),
         "{query}: the run ended before it was stopped"
@@ -564,7 +539,7 @@ fn rescaled_through_a_savepoint_with(
             .args(flags),
     );
     assert_no_leftovers(&out);
-    let got = committed(&out);
+    let got = committed_sorted(&out);
     assert!(
         got == expected,
         "{query} {from_p} -> {to_p}: {} lines committed ({partial} before the savepoint), {} expected",
@@ -706,7 +681,7 @@ fn q4_with_injected_failures_commits_exactly_the_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_with_three_injected_failures("q4", p, seed, &out);
-    let got = committed(&out);
+    let got = committed_sorted(&out);
     assert!(
         got == expected,
         "q4 p={p}: {} lines committed, {} expected",
@@ -738,7 +713,7 @@ fn bids_per_bidder(events: u64, seed: u64) -> HashMap<i64, u64> {
 fn assert_q12_counts_every_bid_once(out: &Path, events: u64, seed: u64, what: &str) {
     let mut per_bidder: HashMap<i64, u64> = HashMap::new();
     let mut windows = HashSet::new();
-    let lines = committed(out);
+    let lines = committed_sorted(out);
     for line in &lines {
         let fields: Vec<i64> = line
             .split('\t')

@@ -16,15 +16,6 @@ use common::*;
 const SEED: u64 = 42;
 const RATE: u64 = 1_000;
 
-const RESTART_FAST: [&str; 6] = [
-    "-D",
-    "restart-strategy.type=fixed-delay",
-    "-D",
-    "restart-strategy.fixed-delay.attempts=1000",
-    "-D",
-    "restart-strategy.fixed-delay.delay=0ms",
-];
-
 /// The directory of the published Nexmark SQL scripts.
 fn scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql/nexmark")
@@ -81,22 +72,6 @@ fn sql(script: &str, parallelism: u32) -> Command {
     cmd
 }
 
-/// Every line of the committed files in `dir` (names not starting with '.' or '_'), sorted.
-fn committed(dir: &Path) -> Vec<String> {
-    let mut lines = Vec::new();
-    for e in std::fs::read_dir(dir).expect("output dir exists") {
-        let e = e.expect("dir entry");
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || name.starts_with('_') {
-            continue;
-        }
-        let text = std::fs::read_to_string(e.path()).expect("committed file is UTF-8");
-        lines.extend(text.lines().map(str::to_string));
-    }
-    lines.sort_unstable();
-    lines
-}
-
 fn assert_same(what: &str, got: &[String], expected: &[String]) {
     assert!(
         got == expected,
@@ -122,12 +97,12 @@ fn nexmark_q0_q1_q2_q3_q11_in_sql_commit_what_the_built_in_jobs_commit() {
         );
         run_ok(&mut sql(&nexmark_script(query, events, &from_sql), 2));
         assert_no_leftovers(&from_sql);
-        let expected = committed(&rust);
+        let expected = committed_sorted(&rust);
         assert!(
             !expected.is_empty(),
             "{query}: the built-in job wrote nothing"
         );
-        assert_same(query, &committed(&from_sql), &expected);
+        assert_same(query, &committed_sorted(&from_sql), &expected);
     }
 }
 
@@ -200,7 +175,7 @@ fn nexmark_q21_and_q22_in_sql_commit_the_reference() {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("out");
         run_ok(&mut sql(&nexmark_script(query, events, &out), 3));
-        assert_same(query, &committed(&out), &expected);
+        assert_same(query, &committed_sorted(&out), &expected);
     }
 }
 
@@ -234,7 +209,7 @@ fn undisturbed_windows() -> Vec<String> {
             let tmp = tempfile::tempdir().unwrap();
             let out = tmp.path().join("out");
             run_ok(&mut sql(&window_script(&out), 1));
-            let lines = committed(&out);
+            let lines = committed_sorted(&out);
             let counted: u64 = lines
                 .iter()
                 .map(|l| l.split('\t').nth(3).unwrap().parse::<u64>().unwrap())
@@ -252,7 +227,7 @@ fn undisturbed_windows() -> Vec<String> {
 fn killed_and_resumed(script: &dyn Fn(&Path) -> String, seed: u64, expected: &[String]) {
     let check = |out: &Path| {
         assert_no_leftovers(out);
-        assert_same("killed and resumed", &committed(out), expected);
+        assert_same("killed and resumed", &committed_sorted(out), expected);
     };
     killed_at(script, seed, &FAILPOINTS, &check);
 }
@@ -388,7 +363,7 @@ fn a_join_sigkilled_at_failpoints_and_resumed_commits_exactly_the_built_in_outpu
             .args(["--rate", &RATE.to_string(), "-p", "2", "--output"])
             .arg(&rust),
     );
-    let expected = committed(&rust);
+    let expected = committed_sorted(&rust);
     assert!(expected.len() > 1000, "{} lines", expected.len());
     killed_and_resumed(&|out| nexmark_script("q3", events, out), 33, &expected);
 }
@@ -430,7 +405,7 @@ SET 'state.backend.rocksdb.localdir' = '{}';
         "the script's SET did not choose RocksDB"
     );
     assert_no_leftovers(&out);
-    assert_same("injected failures", &committed(&out), &expected);
+    assert_same("injected failures", &committed_sorted(&out), &expected);
 }
 
 #[test]
@@ -453,7 +428,7 @@ fn a_window_aggregation_resumes_from_a_savepoint_at_another_parallelism_and_a_ch
             .arg(&sp),
     );
     let (savepoint, _) = first.stop_with_savepoint_after_a_checkpoint(&ck, deadline);
-    let partial = committed(&out).len();
+    let partial = committed_sorted(&out).len();
     assert!(
         partial < expected.len(),
         "the run ended before it was stopped"
@@ -484,7 +459,11 @@ fn a_window_aggregation_resumes_from_a_savepoint_at_another_parallelism_and_a_ch
             .arg(&savepoint),
     );
     assert_no_leftovers(&out);
-    assert_same("2 -> 3 through a savepoint", &committed(&out), &expected);
+    assert_same(
+        "2 -> 3 through a savepoint",
+        &committed_sorted(&out),
+        &expected,
+    );
 }
 
 #[test]
@@ -548,7 +527,7 @@ fn a_sql_job_on_a_cluster_keeps_exactly_once_when_a_worker_is_sigkilled() {
     drop(steady);
     assert!(rest_job_restarts(cluster.rest, &jid).unwrap() >= 1);
     assert_no_leftovers(&out);
-    assert_same("a worker SIGKILLed", &committed(&out), &expected);
+    assert_same("a worker SIGKILLed", &committed_sorted(&out), &expected);
 }
 
 /// Runs `cairn sql -e SCRIPT`, which must fail with exit code 1 and one line of error;

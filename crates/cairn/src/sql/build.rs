@@ -276,18 +276,7 @@ impl Builder<'_> {
         let uid = self.unique(format!("query.print-{:08x}", built.digest));
         self.plan
             .insert_str(mark, &format!("print to standard output uid={uid}\n"));
-        let encoder = Arc::new(|row: &Row, out: &mut Vec<u8>| {
-            let mut line = String::from(row.kind.short());
-            line.push('[');
-            for (i, v) in row.values.iter().enumerate() {
-                if i > 0 {
-                    line.push_str(", ");
-                }
-                v.write_text(&mut line, "null");
-            }
-            line.push_str("]\n");
-            out.extend_from_slice(line.as_bytes());
-        });
+        let encoder = Arc::new(|row: &Row, out: &mut Vec<u8>| connectors::print_row("", row, out));
         built
             .stream
             .sink(crate::connectors::PrintSink::new(encoder))

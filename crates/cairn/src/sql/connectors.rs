@@ -284,50 +284,22 @@ impl<S: Source<Row>> Source<Row> for Computed<S> {
         if self.computed.is_empty() {
             return Ok(inner);
         }
-        Ok(Box::new(ComputedReader {
-            inner,
-            computed: self.computed.clone(),
-        }))
-    }
-}
-
-struct ComputedReader {
-    inner: Box<dyn SourceReader<Row>>,
-    computed: Arc<Vec<super::expr::Expr>>,
-}
-
-impl SourceReader<Row> for ComputedReader {
-    fn poll(&mut self, out: &mut Vec<Row>, max: usize) -> TaskResult<SourceStatus> {
-        let from = out.len();
-        let status = self.inner.poll(out, max)?;
-        for row in &mut out[from..] {
+        let computed = self.computed.clone();
+        let map: RowMap<Row> = Arc::new(move |mut row: Row| {
             let physical = row.values.len();
-            for e in self.computed.iter() {
+            for e in computed.iter() {
                 let v = e
                     .eval(&row.values[..physical])
                     .map_err(|m| TaskError::Unrecoverable(format!("computed column: {m}")))?;
                 row.values.push(v);
             }
-        }
-        Ok(status)
-    }
-    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
-        self.inner.snapshot()
-    }
-    fn last_split(&self) -> usize {
-        self.inner.last_split()
-    }
-    fn split_count(&self) -> usize {
-        self.inner.split_count()
-    }
-    fn split_finished(&self, index: usize) -> bool {
-        self.inner.split_finished(index)
-    }
-    fn snapshot_taken(&mut self, checkpoint_id: u64) {
-        self.inner.snapshot_taken(checkpoint_id)
-    }
-    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
-        self.inner.notify_complete(checkpoint_id)
+            Ok(row)
+        });
+        Ok(Box::new(MapReader {
+            inner,
+            map,
+            scratch: Vec::new(),
+        }))
     }
 }
 
@@ -612,6 +584,21 @@ fn random_text(i: u64, field: u64, length: usize) -> String {
     (0..length)
         .map(|k| (b'a' + (mix(i, field * 1000 + k as u64) % 26) as u8) as char)
         .collect()
+}
+
+/// Appends `row` as Flink's print connector shows it, after `prefix`: `+I[a, b, null]`.
+pub fn print_row(prefix: &str, row: &Row, out: &mut Vec<u8>) {
+    let mut line = String::from(prefix);
+    line.push_str(row.kind.short());
+    line.push('[');
+    for (i, v) in row.values.iter().enumerate() {
+        if i > 0 {
+            line.push_str(", ");
+        }
+        v.write_text(&mut line, "null");
+    }
+    line.push_str("]\n");
+    out.extend_from_slice(line.as_bytes());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -952,19 +939,8 @@ pub fn sink(stream: DataStream<Row>, table: &Table, updating: bool, uid: &str) -
                 .map(|p| format!("{p}> "))
                 .unwrap_or_default();
             options.finish("print", &["print-identifier"])?;
-            let encoder = Arc::new(move |row: &Row, out: &mut Vec<u8>| {
-                let mut line = prefix.clone();
-                line.push_str(row.kind.short());
-                line.push('[');
-                for (i, v) in row.values.iter().enumerate() {
-                    if i > 0 {
-                        line.push_str(", ");
-                    }
-                    v.write_text(&mut line, "null");
-                }
-                line.push_str("]\n");
-                out.extend_from_slice(line.as_bytes());
-            });
+            let encoder =
+                Arc::new(move |row: &Row, out: &mut Vec<u8>| print_row(&prefix, row, out));
             stream.sink(PrintSink::new(encoder)).uid(uid);
         }
         "filesystem" => {
