@@ -20,6 +20,7 @@ use super::connectors;
 use super::expr::Expr;
 use super::parse::{parse_script, Insert, Statement};
 use super::plan::{coerce, plan_query, Catalog, Node, Rel, Time, WindowKind};
+use super::rank;
 use super::types::{Row, RowKind, Value};
 use super::SqlError;
 
@@ -503,6 +504,63 @@ impl Builder<'_> {
                         ""
                     },
                     on.join(", ")
+                );
+                self.plan
+                    .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
+                return Ok(Built { stream, digest: d });
+            }
+            Node::Rank {
+                input,
+                partition,
+                order,
+                range,
+                at,
+            } => {
+                let range = range.ok_or_else(|| rank::unbounded_error(*at))?;
+                let mark = self.plan.len();
+                let inner = self.build(input, prefix, depth + 1)?;
+                let text = format!("rank {partition:?} {order:?} {range:?} {:?}", self.ttl);
+                let d = digest(&text, &[inner.digest]);
+                let uid = self.unique(format!("{prefix}.rank-{d:08x}"));
+                let dedup = rank::dedup(rel);
+                let f = rank::RankFn {
+                    order: order.iter().copied().collect(),
+                    range,
+                    newest_first: dedup == Some(true),
+                    keep_all: input.updating,
+                    ttl: self.ttl,
+                    state: None,
+                };
+                let keys: Arc<[usize]> = partition.iter().copied().collect();
+                let stream = inner
+                    .stream
+                    .key_by(move |r: &Row| keys.iter().map(|&i| r.values[i].clone()).collect())
+                    .process(f)
+                    .uid(&uid)
+                    .name("rank");
+                let names =
+                    |cols: &mut dyn Iterator<Item = String>| cols.collect::<Vec<_>>().join(", ");
+                let by = names(&mut partition.iter().map(|&i| column_text(&input.columns[i])));
+                let order_text = names(&mut order.iter().map(|&(i, desc)| {
+                    format!(
+                        "{}{}",
+                        column_text(&input.columns[i]),
+                        if desc { " DESC" } else { "" }
+                    )
+                }));
+                let what = match dedup {
+                    Some(true) => "deduplicate, last row".to_string(),
+                    Some(false) => "deduplicate, first row".to_string(),
+                    None => format!("top-n, ranks {}..{}", range.0, range.1),
+                };
+                let ttl = self
+                    .ttl
+                    .map(|t| format!(", ttl {} ms", t.as_millis()))
+                    .unwrap_or_default();
+                let line = format!(
+                    "rank ({what}{}): partition=[{by}] order=[{order_text}] state={} rows per partition{ttl} uid={uid}",
+                    if rel.updating { ", changelog" } else { "" },
+                    if input.updating { "all" } else { "the kept" },
                 );
                 self.plan
                     .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));

@@ -15,6 +15,7 @@ pub mod connectors;
 pub mod expr;
 pub mod parse;
 pub mod plan;
+pub mod rank;
 pub mod types;
 
 use std::fmt;

@@ -11,6 +11,7 @@ use sqlparser::tokenizer::Location;
 use super::agg::{result_type, AggCall, AggKind};
 use super::expr::{BinOp, Expr, Func, LikePattern, TimeUnit};
 use super::parse::{parse_type_text, ColumnDef, TableDef, TABLE_ARG};
+use super::rank;
 use super::types::{parse_decimal, SqlType, Value};
 use super::{did_you_mean, SqlError};
 
@@ -111,6 +112,17 @@ pub enum Node {
         left: Box<Rel>,
         right: Box<Rel>,
         keys: Vec<(usize, usize)>,
+    },
+    /// `ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order)` kept to the ranks `range`
+    /// (1-based, inclusive; `None` until a filter of the enclosing query bounds it): its
+    /// columns are the input's, then the row number.
+    Rank {
+        input: Box<Rel>,
+        partition: Vec<usize>,
+        /// Sort columns, each with whether it is descending.
+        order: Vec<(usize, bool)>,
+        range: Option<(u64, u64)>,
+        at: Location,
     },
 }
 
@@ -842,7 +854,7 @@ fn function(f: &ast::Function, scope: &Scope, at: Location) -> Result<(Expr, Sql
     if f.over.is_some() {
         return unsupported(
             at,
-            &format!("{name}() OVER (…) (Top-N, deduplication and OVER aggregations)"),
+            &format!("{name}() OVER (…) here (ROW_NUMBER() OVER (…) is a select item of a query without GROUP BY, for Top-N and deduplication; OVER aggregations are not supported)"),
         );
     }
     if is_aggregate(&name) {
@@ -1245,7 +1257,7 @@ fn join(left: From, right: From, on: Option<&ast::Expr>, at: Location) -> Result
 }
 
 /// The conjuncts of a condition (`a AND b AND …`).
-fn conjuncts(e: Expr, out: &mut Vec<Expr>) {
+pub(super) fn conjuncts(e: Expr, out: &mut Vec<Expr>) {
     match e {
         Expr::Bin(BinOp::And, a, b, _) => {
             conjuncts(*a, out);
@@ -1618,28 +1630,74 @@ fn plan_select(s: &ast::Select, catalog: &Catalog) -> Result<Rel> {
             }
             None => None,
         };
-        let (project, columns) = projection(&s.projection, &scope, &rel.columns)?;
         if matches!(rel.node, Node::Join { .. }) {
             if let Some(f) = filter.take() {
                 rel = filtered(rel, f);
             }
         }
+        if let Some(i) = s
+            .projection
+            .iter()
+            .position(|i| rank::over_call(i).is_some())
+        {
+            // ROW_NUMBER() ranks the rows this query's FROM and WHERE give.
+            let f = rank::over_call(&s.projection[i]).expect("found above");
+            if let Some(f) = filter.take() {
+                let project = (0..rel.columns.len()).map(Expr::Col).collect();
+                let columns = rel.columns.clone();
+                rel = calc(rel, Some(f), project, columns);
+            }
+            let ranked = rank::plan_rank(rel, f)?;
+            let row_number = ranked.columns.len() - 1;
+            let scope = Scope::new(&ranked.columns);
+            let (project, columns) = projection(
+                &s.projection,
+                &scope,
+                &ranked.columns,
+                Some((i, row_number)),
+            )?;
+            return Ok(calc(ranked, None, project, columns));
+        }
+        // A filter on a rank's row number gives the ranks it keeps.
+        if let Some(f) = filter.take() {
+            (rel, filter) = rank::push_filter(rel, f)?;
+        }
+        let scope = Scope::new(&rel.columns);
+        let (project, columns) = projection(&s.projection, &scope, &rel.columns, None)?;
         return Ok(calc(rel, filter, project, columns));
     }
     plan_aggregate(s, from, group_by, aggs)
 }
 
+/// The select list's expressions and columns; `row_number`: the item that is `ROW_NUMBER()
+/// OVER (…)` and the input column that holds its value (which `*` does not include).
 fn projection(
     items: &[ast::SelectItem],
     scope: &Scope,
     input: &[Column],
+    row_number: Option<(usize, usize)>,
 ) -> Result<(Vec<Expr>, Vec<Column>)> {
     let mut project = Vec::new();
     let mut columns = Vec::new();
     for (i, item) in items.iter().enumerate() {
+        if let Some((_, col)) = row_number.filter(|(item, _)| *item == i) {
+            let name = match item {
+                ast::SelectItem::ExprWithAlias { alias, .. } => alias.value.clone(),
+                _ => format!("EXPR${i}"),
+            };
+            project.push(Expr::Col(col));
+            columns.push(Column {
+                name,
+                ..input[col].clone()
+            });
+            continue;
+        }
         match item {
             ast::SelectItem::Wildcard(_) => {
                 for (k, c) in input.iter().enumerate() {
+                    if row_number.is_some_and(|(_, col)| col == k) {
+                        continue;
+                    }
                     if scope
                         .grouped
                         .is_some_and(|g| !g.keys.iter().chain(&g.aggs).any(|(_, x)| *x == k))
@@ -1651,7 +1709,14 @@ fn projection(
                 }
             }
             ast::SelectItem::QualifiedWildcard(kind, _) => {
-                let q = kind.to_string();
+                let q = match kind {
+                    ast::SelectItemQualifiedWildcardKind::ObjectName(name) => {
+                        name.to_string().replace(['`', '"'], "")
+                    }
+                    ast::SelectItemQualifiedWildcardKind::Expr(e) => {
+                        return unsupported(e.span().start, "'expression.*'")
+                    }
+                };
                 let before = project.len();
                 for (k, c) in input.iter().enumerate() {
                     if c.qualifier.as_deref() == Some(q.as_str()) {
@@ -1970,7 +2035,10 @@ fn plan_aggregate(
             return unsupported(fat, &format!("{name}(DISTINCT …)"));
         }
         if f.over.is_some() {
-            return unsupported(fat, "OVER aggregations");
+            return err(
+                fat,
+                format!("{name}() OVER (…) is not supported (OVER aggregations; ROW_NUMBER() OVER (…) is, for Top-N and deduplication)"),
+            );
         }
         let (arg, arg_ty) = match args.first() {
             Some(a) => {
@@ -2120,6 +2188,6 @@ fn plan_aggregate(
         }
         None => None,
     };
-    let (project, out_columns) = projection(&s.projection, &scope, &columns)?;
+    let (project, out_columns) = projection(&s.projection, &scope, &columns, None)?;
     Ok(calc(agg_rel, having, project, out_columns))
 }

@@ -1,0 +1,395 @@
+//! Top-N and deduplication: `ROW_NUMBER() OVER (PARTITION BY … ORDER BY …)` in a query, kept
+//! to some ranks by a filter on the row number in the enclosing query (`WHERE rn <= N`,
+//! `rn = 1`), planned as one [`Node::Rank`] and run as a keyed operator whose state is each
+//! partition's rows in rank order.
+//!
+//! The operator emits a changelog of ranked rows: a row that enters a kept rank is `+I` (or
+//! `+U` after the `-U` of the row that held the rank), a row that leaves the kept ranks is
+//! `-D`. Over an append-only input only the top `N` rows of a partition are kept (a row below
+//! them can never rise); over a changelog every row is kept, since a retraction lets the next
+//! one rise.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlparser::ast::{self, Spanned};
+use sqlparser::tokenizer::Location;
+
+use super::expr::{BinOp, Expr};
+use super::plan::{bind_expr, Column, Node, Rel, Scope, Time};
+use super::types::{Row, RowKind, SqlType, Value};
+use super::SqlError;
+use crate::api::{Collector, KeyedProcessFunction};
+use crate::error::TaskResult;
+use crate::state::{KeyedContext, StateTtlConfig, ValueState};
+
+type Result<T> = std::result::Result<T, SqlError>;
+
+/// The `OVER` call of a select item, if it has one.
+pub(super) fn over_call(item: &ast::SelectItem) -> Option<&ast::Function> {
+    match item {
+        ast::SelectItem::UnnamedExpr(ast::Expr::Function(f))
+        | ast::SelectItem::ExprWithAlias {
+            expr: ast::Expr::Function(f),
+            ..
+        } if f.over.is_some() => Some(f),
+        _ => None,
+    }
+}
+
+/// `rel` ranked by the `ROW_NUMBER() OVER (…)` call `f`: its columns and then the row number.
+/// The ranks it keeps come later, from a filter of the enclosing query ([`push_filter`]).
+pub(super) fn plan_rank(rel: Rel, f: &ast::Function) -> Result<Rel> {
+    let at = f.name.span().start;
+    let name = f.name.to_string().to_uppercase();
+    if name != "ROW_NUMBER" {
+        return Err(SqlError::at(
+            at,
+            format!("{name}() OVER (…) is not supported (only ROW_NUMBER() for Top-N and deduplication; no OVER aggregations)"),
+        ));
+    }
+    if !matches!(&f.args, ast::FunctionArguments::None)
+        && !matches!(&f.args, ast::FunctionArguments::List(l) if l.args.is_empty())
+    {
+        return Err(SqlError::at(at, "ROW_NUMBER() takes no arguments"));
+    }
+    let Some(ast::WindowType::WindowSpec(spec)) = &f.over else {
+        return Err(SqlError::at(
+            at,
+            "a named window (OVER w) is not supported: write OVER (PARTITION BY … ORDER BY …)",
+        ));
+    };
+    if spec.window_frame.is_some() {
+        return Err(SqlError::at(
+            at,
+            "ROW_NUMBER() OVER (…) takes no window frame (ROWS/RANGE)",
+        ));
+    }
+    let scope = Scope::new(&rel.columns);
+    let column = |e: &ast::Expr| -> Result<usize> {
+        let (x, _) = bind_expr(e, &scope)?;
+        x.as_col().ok_or_else(|| {
+            SqlError::at(
+                e.span().start,
+                format!("PARTITION BY and ORDER BY of ROW_NUMBER() must name columns, not '{e}' (compute it in a subquery)"),
+            )
+        })
+    };
+    let partition = spec
+        .partition_by
+        .iter()
+        .map(column)
+        .collect::<Result<Vec<_>>>()?;
+    if spec.order_by.is_empty() {
+        return Err(SqlError::at(at, "ROW_NUMBER() OVER (…) needs an ORDER BY"));
+    }
+    let mut order = Vec::new();
+    for o in &spec.order_by {
+        let desc = match &o.options.sort {
+            None | Some(ast::OrderBySort::Asc) => false,
+            Some(ast::OrderBySort::Desc) => true,
+            Some(ast::OrderBySort::Using(_)) => {
+                return Err(SqlError::at(
+                    o.expr.span().start,
+                    "ORDER BY … USING is not supported",
+                ))
+            }
+        };
+        // Flink sorts NULL first ascending and last descending; only that order is built.
+        if o.options.nulls_first.is_some_and(|first| first == desc) {
+            return Err(SqlError::at(
+                o.expr.span().start,
+                format!(
+                    "NULLS {} is not supported here (NULL sorts first ascending, last descending)",
+                    if desc { "FIRST" } else { "LAST" }
+                ),
+            ));
+        }
+        order.push((column(&o.expr)?, desc));
+    }
+    let mut columns: Vec<Column> = rel
+        .columns
+        .iter()
+        .map(|c| Column {
+            time: Time::None,
+            ..c.clone()
+        })
+        .collect();
+    columns.push(Column {
+        name: "$row_number".into(),
+        qualifier: None,
+        ty: SqlType::BigInt,
+        time: Time::None,
+    });
+    Ok(Rel {
+        columns,
+        updating: true,
+        node: Node::Rank {
+            input: Box::new(rel),
+            partition,
+            order,
+            range: None,
+            at,
+        },
+    })
+}
+
+/// The column of `rel` that holds an unbounded rank's row number, if `rel` is one (or a
+/// projection of one without a filter).
+fn row_number_column(rel: &Rel) -> Option<usize> {
+    let unbounded = |r: &Rel| match &r.node {
+        Node::Rank {
+            input, range: None, ..
+        } => Some(input.columns.len()),
+        _ => None,
+    };
+    match &rel.node {
+        Node::Calc {
+            input,
+            filter: None,
+            project,
+        } => {
+            let rn = unbounded(input)?;
+            project.iter().position(|e| e.as_col() == Some(rn))
+        }
+        _ => unbounded(rel),
+    }
+}
+
+/// A filter of the query over a rank: its conditions on the row number (`rn <= N`, `rn < N`,
+/// `rn = N`, `rn >= M`, `rn > M`, `rn BETWEEN M AND N`) become the ranks the rank keeps; the
+/// rest is returned. A rank left without an upper bound is refused when it is built.
+pub(super) fn push_filter(mut rel: Rel, filter: Expr) -> Result<(Rel, Option<Expr>)> {
+    let Some(rn) = row_number_column(&rel) else {
+        return Ok((rel, Some(filter)));
+    };
+    let mut parts = Vec::new();
+    super::plan::conjuncts(filter, &mut parts);
+    let (mut start, mut end): (i64, Option<i64>) = (1, None);
+    let mut rest = Vec::new();
+    for c in parts {
+        match bound(&c, rn) {
+            Some((op, k)) => match op {
+                BinOp::Le => end = Some(end.map_or(k, |e| e.min(k))),
+                BinOp::Lt => end = Some(end.map_or(k - 1, |e| e.min(k - 1))),
+                BinOp::Ge => start = start.max(k),
+                BinOp::Gt => start = start.max(k + 1),
+                _ => {
+                    start = start.max(k);
+                    end = Some(end.map_or(k, |e| e.min(k)));
+                }
+            },
+            None => rest.push(c),
+        }
+    }
+    let Some(end) = end else {
+        // No bound on the row number: the filter stays a filter, and the unbounded rank is
+        // refused when it is built.
+        let filter = rest
+            .into_iter()
+            .reduce(|a, b| Expr::Bin(BinOp::And, Box::new(a), Box::new(b), SqlType::Boolean));
+        return Ok((rel, filter));
+    };
+    let ranked: &mut Rel = match &mut rel.node {
+        Node::Calc { input, .. } => input,
+        _ => &mut rel,
+    };
+    if let Node::Rank { range, at, .. } = &mut ranked.node {
+        if start > end || end < 1 {
+            return Err(SqlError::at(
+                *at,
+                format!("the filter on the row number keeps no rank ({start} to {end})"),
+            ));
+        }
+        *range = Some((start.max(1) as u64, end as u64));
+    }
+    // Bounded to the first row by processing time, a rank may only append.
+    let updating = !appends_only(ranked);
+    ranked.updating = updating;
+    rel.updating = updating;
+    let filter = rest
+        .into_iter()
+        .reduce(|a, b| Expr::Bin(BinOp::And, Box::new(a), Box::new(b), SqlType::Boolean));
+    Ok((rel, filter))
+}
+
+/// `rn op k` (or `k op rn`, turned around) with an integer `k`.
+fn bound(c: &Expr, rn: usize) -> Option<(BinOp, i64)> {
+    let Expr::Bin(op, a, b, _) = c else {
+        return None;
+    };
+    let lit = |e: &Expr| match e {
+        Expr::Lit(Value::Int(k)) => Some(*k),
+        _ => None,
+    };
+    let flipped = |op: BinOp| match op {
+        BinOp::Lt => BinOp::Gt,
+        BinOp::Le => BinOp::Ge,
+        BinOp::Gt => BinOp::Lt,
+        BinOp::Ge => BinOp::Le,
+        other => other,
+    };
+    if !matches!(
+        op,
+        BinOp::Le | BinOp::Lt | BinOp::Ge | BinOp::Gt | BinOp::Eq
+    ) {
+        return None;
+    }
+    match (a.as_col(), b.as_col()) {
+        (Some(c), _) if c == rn => lit(b).map(|k| (*op, k)),
+        (_, Some(c)) if c == rn => lit(a).map(|k| (flipped(*op), k)),
+        _ => None,
+    }
+}
+
+/// Whether a rank keeps only the first row of each partition by a time attribute (a
+/// deduplication), and whether by its last (`DESC`: the newest row wins, also over an equal
+/// time).
+pub(super) fn dedup(rel: &Rel) -> Option<bool> {
+    let Node::Rank {
+        input,
+        order,
+        range: Some((1, 1)),
+        ..
+    } = &rel.node
+    else {
+        return None;
+    };
+    match order.as_slice() {
+        [(c, desc)] if input.columns[*c].time != Time::None => Some(*desc),
+        _ => None,
+    }
+}
+
+/// Whether a rank's output only appends: the first row by processing time of an append-only
+/// input never changes.
+pub(super) fn appends_only(rel: &Rel) -> bool {
+    let Node::Rank { input, order, .. } = &rel.node else {
+        return false;
+    };
+    dedup(rel) == Some(false) && !input.updating && input.columns[order[0].0].time == Time::Proctime
+}
+
+/// The keyed operator of a rank: per partition, its rows in rank order.
+#[derive(Clone)]
+pub(super) struct RankFn {
+    /// The sort columns, each descending or not.
+    pub order: Arc<[(usize, bool)]>,
+    /// The first and last rank kept (1-based, inclusive).
+    pub range: (u64, u64),
+    /// Whether a row equal in the sort order to kept ones goes before them (the newest of a
+    /// deduplication by `DESC` time).
+    pub newest_first: bool,
+    /// Whether every row is kept, not only the top ones (the input is a changelog).
+    pub keep_all: bool,
+    pub ttl: Option<Duration>,
+    pub state: Option<ValueState<Vec<Vec<Value>>>>,
+}
+
+pub(super) const RANK_STATE: &str = "sql.rank";
+
+impl RankFn {
+    fn compare(&self, a: &[Value], b: &[Value]) -> Ordering {
+        for &(c, desc) in self.order.iter() {
+            let o = a[c].compare(&b[c]);
+            let o = if desc { o.reverse() } else { o };
+            if o != Ordering::Equal {
+                return o;
+            }
+        }
+        Ordering::Equal
+    }
+}
+
+/// `values` with its rank appended.
+fn ranked(values: &[Value], rank: usize, kind: RowKind) -> Row {
+    let mut v = Vec::with_capacity(values.len() + 1);
+    v.extend_from_slice(values);
+    v.push(Value::Int(rank as i64 + 1));
+    Row { kind, values: v }
+}
+
+impl KeyedProcessFunction<Vec<Value>, Row, Row> for RankFn {
+    fn open(&mut self, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
+        self.state = Some(match self.ttl {
+            Some(t) => ctx.value_state_with_ttl(RANK_STATE, StateTtlConfig::new(t))?,
+            None => ctx.value_state(RANK_STATE)?,
+        });
+        Ok(())
+    }
+
+    fn process(
+        &mut self,
+        row: Row,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        out: &mut Collector<Row>,
+    ) -> TaskResult {
+        let Some(state) = self.state.clone() else {
+            return Ok(());
+        };
+        let (first, last) = (self.range.0 as usize - 1, self.range.1 as usize);
+        let rows = state.get_mut(ctx, Vec::new)?;
+        // Where the row goes (an addition) or which row it takes back (a retraction).
+        let at = if row.kind.is_addition() {
+            let at = if self.newest_first {
+                rows.partition_point(|r| self.compare(r, &row.values) == Ordering::Less)
+            } else {
+                rows.partition_point(|r| self.compare(r, &row.values) != Ordering::Greater)
+            };
+            if !self.keep_all && at >= last {
+                return Ok(());
+            }
+            Some(at)
+        } else {
+            rows.iter().position(|r| *r == row.values)
+        };
+        let Some(at) = at else {
+            // A retraction of a row never kept.
+            if rows.is_empty() {
+                state.clear(ctx)?;
+            }
+            return Ok(());
+        };
+        // The kept ranks from `at` on change; everything before stays.
+        let from = at.max(first);
+        let before: Vec<Vec<Value>> = rows
+            .get(from..rows.len().min(last))
+            .unwrap_or_default()
+            .to_vec();
+        if row.kind.is_addition() {
+            rows.insert(at, row.values);
+            if !self.keep_all {
+                rows.truncate(last);
+            }
+        } else {
+            rows.remove(at);
+        }
+        let after = rows.get(from..rows.len().min(last)).unwrap_or_default();
+        for i in 0..before.len().max(after.len()) {
+            let rank = from + i;
+            match (before.get(i), after.get(i)) {
+                (Some(a), Some(b)) if a == b => {}
+                (Some(a), Some(b)) => {
+                    out.collect(ranked(a, rank, RowKind::UpdateBefore));
+                    out.collect(ranked(b, rank, RowKind::UpdateAfter));
+                }
+                (Some(a), None) => out.collect(ranked(a, rank, RowKind::Delete)),
+                (None, Some(b)) => out.collect(ranked(b, rank, RowKind::Insert)),
+                (None, None) => {}
+            }
+        }
+        if rows.is_empty() {
+            state.clear(ctx)?;
+        }
+        Ok(())
+    }
+}
+
+/// The location of a rank, for its errors.
+pub(super) fn unbounded_error(at: Location) -> SqlError {
+    SqlError::at(
+        at,
+        "ROW_NUMBER() needs a filter on its result in the enclosing query (WHERE rn <= N, or rn = 1 to deduplicate): a Top-N without a bound is not supported",
+    )
+}
