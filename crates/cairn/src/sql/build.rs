@@ -13,13 +13,15 @@ use crate::api::{
     KeyedProcessFunction, ProcessFunction, StreamEnv, TimeWindow, WindowAssigner,
 };
 use crate::error::{TaskError, TaskResult};
-use crate::state::{KeyedContext, MapState, OperatorStateStore, StateTtlConfig, ValueState};
+use crate::state::{
+    KeyedContext, MapState, OperatorStateStore, StateTtlConfig, TimeDomain, ValueState,
+};
 
 use super::agg::{Acc, AggCall};
 use super::connectors;
 use super::expr::Expr;
 use super::parse::{parse_script, Insert, Statement};
-use super::plan::{coerce, plan_query, Catalog, Node, Rel, Time, WindowKind};
+use super::plan::{coerce, plan_query, Catalog, JoinKind, Node, Rel, Time, WindowKind};
 use super::rank;
 use super::types::{Row, RowKind, Value};
 use super::SqlError;
@@ -449,7 +451,13 @@ impl Builder<'_> {
                     digest: d,
                 });
             }
-            Node::Join { left, right, keys } => {
+            Node::Join {
+                left,
+                right,
+                keys,
+                kind,
+                condition,
+            } => {
                 if keys.is_empty() {
                     return Err(SqlError::msg(
                         "a join needs an equality of a column of each side (ON a.k = b.k): a cross join is not supported",
@@ -458,15 +466,27 @@ impl Builder<'_> {
                 let mark = self.plan.len();
                 let l = self.build(left, prefix, depth + 1)?;
                 let r = self.build(right, prefix, depth + 1)?;
-                let text = format!("join {keys:?} {:?}", self.ttl);
+                let mut text = format!("join {keys:?} {:?}", self.ttl);
+                if *kind != JoinKind::Inner {
+                    let _ = write!(text, " {kind:?} {condition:?}");
+                }
                 let d = digest(&text, &[l.digest, r.digest]);
                 let uid = self.unique(format!("{prefix}.join-{d:08x}"));
                 let lk: Arc<[usize]> = keys.iter().map(|k| k.0).collect();
                 let rk: Arc<[usize]> = keys.iter().map(|k| k.1).collect();
+                let expire = keys.iter().position(|&(a, b)| {
+                    left.columns[a].time == Time::WindowEnd
+                        && right.columns[b].time == Time::WindowEnd
+                });
                 let f = JoinFn {
                     keys: [lk.clone(), rk.clone()],
+                    expire,
+                    preserves: kind.preserves(),
+                    condition: condition.clone().map(Arc::new),
+                    widths: [left.columns.len(), right.columns.len()],
                     ttl: self.ttl,
                     rows: None,
+                    matched: [None, None],
                 };
                 let key_of = |k: Arc<[usize]>| {
                     move |r: &Row| {
@@ -496,14 +516,31 @@ impl Builder<'_> {
                     .ttl
                     .map(|t| format!(", ttl {} ms", t.as_millis()))
                     .unwrap_or_default();
+                let freed = if expire.is_some() {
+                    ", freed at the window's end"
+                } else {
+                    ""
+                };
+                let kind_text = match kind {
+                    JoinKind::Inner => "inner",
+                    JoinKind::Left => "left outer",
+                    JoinKind::Right => "right outer",
+                    JoinKind::Full => "full outer",
+                };
                 let line = format!(
-                    "join (inner{}): key=[{}] state=rows of both inputs per key{ttl} uid={uid}",
+                    "join ({kind_text}{}): key=[{}]{} state=rows of both inputs per key{}{freed}{ttl} uid={uid}",
                     if left.updating || right.updating {
                         ", changelog"
                     } else {
                         ""
                     },
-                    on.join(", ")
+                    on.join(", "),
+                    if condition.is_some() { " on …" } else { "" },
+                    if *kind == JoinKind::Inner {
+                        ""
+                    } else {
+                        " and the matches of each kept row"
+                    },
                 );
                 self.plan
                     .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
@@ -523,7 +560,12 @@ impl Builder<'_> {
                 let d = digest(&text, &[inner.digest]);
                 let uid = self.unique(format!("{prefix}.rank-{d:08x}"));
                 let dedup = rank::dedup(rel);
+                let expire = partition
+                    .iter()
+                    .copied()
+                    .find(|&c| input.columns[c].time == Time::WindowEnd);
                 let f = rank::RankFn {
+                    expire,
                     order: order.iter().copied().collect(),
                     range,
                     newest_first: dedup == Some(true),
@@ -558,9 +600,10 @@ impl Builder<'_> {
                     .map(|t| format!(", ttl {} ms", t.as_millis()))
                     .unwrap_or_default();
                 let line = format!(
-                    "rank ({what}{}): partition=[{by}] order=[{order_text}] state={} rows per partition{ttl} uid={uid}",
+                    "rank ({what}{}): partition=[{by}] order=[{order_text}] state={} rows per partition{}{ttl} uid={uid}",
                     if rel.updating { ", changelog" } else { "" },
                     if input.updating { "all" } else { "the kept" },
+                    if expire.is_some() { ", freed at the window's end" } else { "" },
                 );
                 self.plan
                     .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
@@ -573,9 +616,13 @@ impl Builder<'_> {
                 let d = digest(&text, &[inner.digest]);
                 let uid = self.unique(format!("{prefix}.group-{d:08x}"));
                 let k = *keys;
+                let expire = input.columns[..k]
+                    .iter()
+                    .position(|c| c.time == Time::WindowEnd);
                 let f = GroupAggFn {
                     aggs: Arc::new(aggs.clone()),
                     keys: k,
+                    expire,
                     retracting: input.updating,
                     ttl: self.ttl,
                     state: None,
@@ -593,9 +640,10 @@ impl Builder<'_> {
                     .map(|t| format!(", ttl {} ms", t.as_millis()))
                     .unwrap_or_default();
                 let line = format!(
-                    "group aggregate (changelog): key=[{}] aggregates={} state=accumulators and last result per key{ttl} uid={uid}",
+                    "group aggregate (changelog): key=[{}] aggregates={} state=accumulators and last result per key{}{ttl} uid={uid}",
                     key_names.join(", "),
-                    aggs_text(aggs)
+                    aggs_text(aggs),
+                    if expire.is_some() { ", freed at the window's end" } else { "" },
                 );
                 self.plan
                     .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
@@ -801,22 +849,63 @@ fn column_text(c: &super::plan::Column) -> String {
     }
 }
 
-/// A regular inner join: per key, the rows of each input (with their multiplicity) in map
-/// state. A row joins the other input's rows of its key, then is kept for the rows to come; a
-/// retraction (-U/-D) joins the same rows as -D and takes the row back. Rows with a NULL key
-/// never join and are not kept.
+/// A regular join: per key, the rows of each input (with their multiplicity) in map state. A
+/// row joins the other input's rows of its key that meet the condition, then is kept for the
+/// rows to come; a retraction (-U/-D) joins the same rows as -D and takes the row back. Rows
+/// with a NULL key never join.
+///
+/// An outer join also keeps, for each row of a side whose unmatched rows appear, how many
+/// rows of the other side it matches: a row without a match appears padded with NULLs, and
+/// that padded row is retracted (-D) when its first match comes and appears again (+I) when
+/// its last match is retracted.
 #[derive(Clone)]
 struct JoinFn {
     /// The key columns of the left and the right input.
     keys: [Arc<[usize]>; 2],
+    /// The key that is a window's end on both sides, if one is: a key's rows are dropped when
+    /// the watermark passes its window (a window join).
+    expire: Option<usize>,
+    /// Whether the unmatched rows of the left and the right input appear.
+    preserves: [bool; 2],
+    /// What a pair must meet besides the keys, over the joined columns.
+    condition: Option<Arc<Expr>>,
+    /// How many columns each input has (the NULLs of a padded row).
+    widths: [usize; 2],
     ttl: Option<Duration>,
     /// The rows of the left and the right input.
     rows: Option<[MapState<Vec<Value>, i64>; 2]>,
+    /// Per kept side, how many rows of the other side each of its rows matches.
+    matched: [Option<MapState<Vec<Value>, i64>>; 2],
 }
 
 const JOIN_STATE: [&str; 2] = ["sql.join.left", "sql.join.right"];
+const JOIN_MATCHED: [&str; 2] = ["sql.join.left.matched", "sql.join.right.matched"];
 
 impl JoinFn {
+    /// The joined row of `row` (on `side`) and `other`.
+    fn joined(side: usize, row: &[Value], other: &[Value]) -> Vec<Value> {
+        let (l, r) = if side == 0 {
+            (row, other)
+        } else {
+            (other, row)
+        };
+        let mut values = Vec::with_capacity(l.len() + r.len());
+        values.extend_from_slice(l);
+        values.extend_from_slice(r);
+        values
+    }
+
+    /// `row` of `side` padded with NULLs for the other side's columns.
+    fn padded(&self, side: usize, row: &[Value], kind: RowKind) -> Row {
+        let nulls = std::iter::repeat_n(Value::Null, self.widths[1 - side]);
+        let values = if side == 0 {
+            row.iter().cloned().chain(nulls).collect()
+        } else {
+            nulls.chain(row.iter().cloned()).collect()
+        };
+        Row { kind, values }
+    }
+
     fn on_row(
         &self,
         side: usize,
@@ -828,6 +917,15 @@ impl JoinFn {
             return Ok(());
         };
         if self.keys[side].iter().any(|&i| row.values[i].is_null()) {
+            // A NULL key joins nothing; a kept side's row appears padded all the same.
+            if self.preserves[side] {
+                let kind = if row.kind.is_addition() {
+                    RowKind::Insert
+                } else {
+                    RowKind::Delete
+                };
+                out.collect(self.padded(side, &row.values, kind));
+            }
             return Ok(());
         }
         let addition = row.kind.is_addition();
@@ -836,25 +934,64 @@ impl JoinFn {
         } else {
             RowKind::Delete
         };
-        for (other, n) in rows[1 - side].entries(ctx)? {
-            for _ in 0..*n {
-                let (l, r) = if side == 0 {
-                    (&row.values, other)
-                } else {
-                    (other, &row.values)
-                };
-                let mut values = Vec::with_capacity(l.len() + r.len());
-                values.extend_from_slice(l);
-                values.extend_from_slice(r);
-                out.collect(Row { kind, values });
+        let other = 1 - side;
+        // The other side's rows this one joins, with their multiplicity.
+        let mut matches: Vec<(Vec<Value>, i64)> = Vec::new();
+        let mut total = 0;
+        for (o, n) in rows[other].entries(ctx)? {
+            let values = Self::joined(side, &row.values, o);
+            if let Some(c) = &self.condition {
+                if c.eval(&values).map_err(eval_err)? != Value::Bool(true) {
+                    continue;
+                }
             }
+            for _ in 0..*n {
+                out.collect(Row {
+                    kind,
+                    values: values.clone(),
+                });
+            }
+            total += *n;
+            if self.preserves[other] {
+                matches.push((o.clone(), *n));
+            }
+        }
+        // The other side's padded rows: gone at their first match, back after their last.
+        if let Some(matched) = &self.matched[other] {
+            for (o, n) in matches {
+                let before = matched.get(ctx, &o)?.copied().unwrap_or(0);
+                let after = before + if addition { 1 } else { -1 };
+                let pad = match (before, after) {
+                    (0, _) => Some(RowKind::Delete),
+                    (_, 0) => Some(RowKind::Insert),
+                    _ => None,
+                };
+                if let Some(pad) = pad {
+                    for _ in 0..n {
+                        out.collect(self.padded(other, &o, pad));
+                    }
+                }
+                matched.put(ctx, o, after.max(0))?;
+            }
+        }
+        if total == 0 && self.preserves[side] {
+            out.collect(self.padded(side, &row.values, kind));
+        }
+        if let Some(k) = self.expire.filter(|_| addition) {
+            expire_with_window(&row.values[self.keys[side][k]], ctx)?;
         }
         let mine = &rows[side];
         let count =
             mine.get(ctx, &row.values)?.copied().unwrap_or(0) + if addition { 1 } else { -1 };
         if count > 0 {
+            if let Some(matched) = &self.matched[side] {
+                matched.put(ctx, row.values.clone(), total)?;
+            }
             mine.put(ctx, row.values, count)
         } else {
+            if let Some(matched) = &self.matched[side] {
+                matched.remove(ctx, &row.values)?;
+            }
             mine.remove(ctx, &row.values)
         }
     }
@@ -862,11 +999,20 @@ impl JoinFn {
 
 impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
     fn open(&mut self, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
-        let mut state = |name: &str| match self.ttl {
+        let ttl = self.ttl;
+        let mut state = |name: &str| match ttl {
             Some(t) => ctx.map_state_with_ttl(name, StateTtlConfig::new(t)),
             None => ctx.map_state(name),
         };
-        self.rows = Some([state(JOIN_STATE[0])?, state(JOIN_STATE[1])?]);
+        let rows = [state(JOIN_STATE[0])?, state(JOIN_STATE[1])?];
+        let mut matched = [None, None];
+        for (side, m) in matched.iter_mut().enumerate() {
+            if self.preserves[side] {
+                *m = Some(state(JOIN_MATCHED[side])?);
+            }
+        }
+        self.rows = Some(rows);
+        self.matched = matched;
         Ok(())
     }
 
@@ -887,6 +1033,32 @@ impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
     ) -> TaskResult {
         self.on_row(1, row, ctx, out)
     }
+
+    fn on_timer(
+        &mut self,
+        _time: i64,
+        _domain: TimeDomain,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        _out: &mut Collector<Row>,
+    ) -> TaskResult {
+        if let Some([left, right]) = &self.rows {
+            left.clear(ctx)?;
+            right.clear(ctx)?;
+        }
+        for m in self.matched.iter().flatten() {
+            m.clear(ctx)?;
+        }
+        Ok(())
+    }
+}
+
+/// Registers the timer that drops the current key's state once the watermark has passed the
+/// window that ends at `end` (a [`Time::WindowEnd`] value): no row of that window comes after.
+pub(super) fn expire_with_window(end: &Value, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
+    match end.as_i64() {
+        Some(end) => ctx.register_event_time_timer(end - 1),
+        None => Ok(()),
+    }
 }
 
 /// An updating aggregation's state per key: accumulators, the count of rows in the group,
@@ -904,6 +1076,9 @@ struct GroupState {
 struct GroupAggFn {
     aggs: Arc<Vec<AggCall>>,
     keys: usize,
+    /// The key column that is a window's end, if one is: a group is dropped when the
+    /// watermark passes its window.
+    expire: Option<usize>,
     retracting: bool,
     ttl: Option<Duration>,
     state: Option<ValueState<GroupState>>,
@@ -935,6 +1110,11 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for GroupAggFn {
         }
         // The group's accumulators change in place: a clone per record would cost as much as
         // the accumulators hold (a COUNT(DISTINCT …) holds every distinct value).
+        if let Some(k) = self.expire {
+            if state.value(ctx)?.is_none() {
+                expire_with_window(&row.values[k], ctx)?;
+            }
+        }
         let (aggs, retracting) = (&self.aggs, self.retracting);
         let group = state.get_mut(ctx, || GroupState {
             accs: aggs.iter().map(|a| a.create(retracting)).collect(),
@@ -975,6 +1155,19 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for GroupAggFn {
             }
         }
         Ok(())
+    }
+
+    fn on_timer(
+        &mut self,
+        _time: i64,
+        _domain: TimeDomain,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        _out: &mut Collector<Row>,
+    ) -> TaskResult {
+        match &self.state {
+            Some(state) => state.clear(ctx),
+            None => Ok(()),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! SQL tables over cairn's connectors, with Flink's option names: sources (`nexmark`,
-//! `datagen`, `filesystem`) that make [`Row`]s, and sinks (`filesystem`, `print`,
-//! `blackhole`) that take them.
+//! `datagen`, `filesystem`, `kafka`) that make [`Row`]s, and sinks (`filesystem`, `print`,
+//! `blackhole`, `jdbc`, `kafka`, `upsert-kafka`) that take them. The Kafka ones live in
+//! [`super::kafka`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,14 +26,13 @@ pub const CONNECTORS: &[&str] = &[
     "print",
     "blackhole",
     "jdbc",
+    "kafka",
+    "upsert-kafka",
 ];
-
-/// Connectors of Flink that cairn's SQL does not offer yet.
-const NOT_YET: &[&str] = &["kafka", "upsert-kafka"];
 
 type Result<T> = std::result::Result<T, SqlError>;
 
-fn table_err<T>(table: &Table, message: impl std::fmt::Display) -> Result<T> {
+pub(super) fn table_err<T>(table: &Table, message: impl std::fmt::Display) -> Result<T> {
     Err(SqlError::at(
         table.def.at,
         format!("table '{}': {message}", table.def.name),
@@ -40,7 +40,7 @@ fn table_err<T>(table: &Table, message: impl std::fmt::Display) -> Result<T> {
 }
 
 /// The table's options, each read at most once, so that unknown ones are refused.
-struct Options<'a> {
+pub(super) struct Options<'a> {
     table: &'a Table,
     left: BTreeMap<String, String>,
 }
@@ -52,8 +52,31 @@ impl<'a> Options<'a> {
         Options { table, left }
     }
 
-    fn take(&mut self, key: &str) -> Option<String> {
+    pub(super) fn take(&mut self, key: &str) -> Option<String> {
         self.left.remove(key)
+    }
+
+    #[cfg(feature = "kafka")]
+    /// Whether the option is there (and not read yet).
+    pub(super) fn has(&self, key: &str) -> bool {
+        self.left.contains_key(key)
+    }
+
+    #[cfg(feature = "kafka")]
+    /// Takes every option whose key starts with `prefix`, as (the rest of the key, value).
+    pub(super) fn take_prefixed(&mut self, prefix: &str) -> Vec<(String, String)> {
+        let keys: Vec<String> = self
+            .left
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| {
+                let v = self.left.remove(&k)?;
+                Some((k[prefix.len()..].to_string(), v))
+            })
+            .collect()
     }
 
     fn number(&mut self, key: &str, default: u64) -> Result<u64> {
@@ -69,7 +92,7 @@ impl<'a> Options<'a> {
     }
 
     /// Refuses the options nobody read.
-    fn finish(self, connector: &str, known: &[&str]) -> Result<()> {
+    pub(super) fn finish(self, connector: &str, known: &[&str]) -> Result<()> {
         match self.left.keys().next() {
             None => Ok(()),
             Some(k) => table_err(
@@ -87,13 +110,6 @@ impl<'a> Options<'a> {
 fn connector(table: &Table) -> Result<String> {
     match table.def.options.get("connector") {
         Some(c) if CONNECTORS.contains(&c.as_str()) => Ok(c.clone()),
-        Some(c) if NOT_YET.contains(&c.as_str()) => table_err(
-            table,
-            format!(
-                "connector '{c}' is not supported by cairn's SQL yet (available: {})",
-                CONNECTORS.join(", ")
-            ),
-        ),
         Some(c) => table_err(
             table,
             format!(
@@ -166,13 +182,48 @@ pub fn source(
                 uid,
             ))
         }
+        "kafka" | "upsert-kafka" => kafka_source(env, table, options, uid, name == "upsert-kafka"),
         _ => table_err(table, format!("connector '{name}' can only be written to")),
     }
 }
 
-type RowMap<T> = Arc<dyn Fn(T) -> TaskResult<Row> + Send + Sync>;
+#[cfg(feature = "kafka")]
+use super::kafka::{sink as kafka_sink, source as kafka_source};
 
-fn attach(
+#[cfg(not(feature = "kafka"))]
+fn kafka_source(
+    _: &StreamEnv,
+    table: &Arc<Table>,
+    _: Options,
+    _: &str,
+    _: bool,
+) -> Result<DataStream<Row>> {
+    kafka_missing(table)
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka_sink(
+    _: DataStream<Row>,
+    table: &Table,
+    _: Options,
+    _: bool,
+    _: &str,
+    _: bool,
+) -> Result<()> {
+    kafka_missing(table)
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka_missing<T>(table: &Table) -> Result<T> {
+    table_err(
+        table,
+        "the kafka and upsert-kafka connectors need cairn built with the `kafka` feature",
+    )
+}
+
+pub(super) type RowMap<T> = Arc<dyn Fn(T) -> TaskResult<Row> + Send + Sync>;
+
+pub(super) fn attach(
     env: &StreamEnv,
     source: impl Source<Row>,
     table: &Arc<Table>,
@@ -203,9 +254,9 @@ fn attach(
 }
 
 /// A source whose records are mapped into rows, batch by batch.
-struct MapSource<S, T> {
-    inner: S,
-    map: RowMap<T>,
+pub(super) struct MapSource<S, T> {
+    pub(super) inner: S,
+    pub(super) map: RowMap<T>,
 }
 
 impl<S: Source<T>, T: Send + 'static> Source<Row> for MapSource<S, T> {
@@ -758,9 +809,15 @@ pub enum Format {
 impl Format {
     /// The format a table's options name, taking its own options (`csv.field-delimiter`).
     fn of(table: &Table, options: &mut Options) -> Result<Format> {
-        match options.take("format").as_deref() {
+        Format::prefixed(table, options, "")
+    }
+
+    /// The format option `PREFIXformat` names, taking its own options
+    /// (`PREFIXcsv.field-delimiter`): Kafka's `key.` and `value.` formats.
+    pub(super) fn prefixed(table: &Table, options: &mut Options, prefix: &str) -> Result<Format> {
+        match options.take(&format!("{prefix}format")).as_deref() {
             Some("csv") => {
-                let delimiter = match options.take("csv.field-delimiter").as_deref() {
+                let delimiter = match options.take(&format!("{prefix}csv.field-delimiter")).as_deref() {
                     None => ',',
                     Some("\\t") => '\t',
                     Some(d) if d.chars().count() == 1 && !matches!(d, "\"" | "\n" | "\r") => {
@@ -769,19 +826,25 @@ impl Format {
                     Some(d) => {
                         return table_err(
                             table,
-                            format!("option 'csv.field-delimiter' must be one character (or '\\t'), got '{d}'"),
+                            format!("option '{prefix}csv.field-delimiter' must be one character (or '\\t'), got '{d}'"),
                         )
                     }
                 };
                 Ok(Format::Csv(delimiter))
             }
             Some("json") => Ok(Format::Json),
-            Some(other) => table_err(table, format!("unsupported format '{other}' (csv, json)")),
-            None => table_err(table, "option 'format' is required (csv, json)"),
+            Some(other) => table_err(
+                table,
+                format!("unsupported {prefix}format '{other}' (csv, json)"),
+            ),
+            None => table_err(
+                table,
+                format!("option '{prefix}format' is required (csv, json)"),
+            ),
         }
     }
 
-    fn parse(&self, line: &str, names: &[String], types: &[SqlType]) -> TaskResult<Row> {
+    pub(super) fn parse(&self, line: &str, names: &[String], types: &[SqlType]) -> TaskResult<Row> {
         let bad = |m: String| {
             TaskError::Unrecoverable(format!(
                 "cannot parse input line '{}': {m}",
@@ -933,6 +996,14 @@ pub fn sink(stream: DataStream<Row>, table: &Table, updating: bool, uid: &str) -
             stream.sink(DiscardSink).uid(uid);
         }
         "jdbc" => jdbc_sink(stream, table, options, uid)?,
+        "kafka" | "upsert-kafka" => kafka_sink(
+            stream,
+            table,
+            options,
+            updating,
+            uid,
+            name == "upsert-kafka",
+        )?,
         "print" => {
             let prefix = options
                 .take("print-identifier")

@@ -13,6 +13,8 @@ pub mod agg;
 pub mod build;
 pub mod connectors;
 pub mod expr;
+#[cfg(feature = "kafka")]
+mod kafka;
 pub mod parse;
 pub mod plan;
 pub mod rank;

@@ -24,6 +24,10 @@ pub enum Time {
     Rowtime,
     /// Processing time (`PROCTIME()`).
     Proctime,
+    /// The end of an event-time window (a window aggregation's `window_end`, and the columns
+    /// and keys that carry it on): every row with a value `v` here arrives before the watermark
+    /// passes `v - 1`, so state kept for `v` can go then. Otherwise a plain column.
+    WindowEnd,
 }
 
 /// A column of a relation.
@@ -105,13 +109,17 @@ pub enum Node {
         keys: usize,
         aggs: Vec<AggCall>,
     },
-    /// A regular inner join on equal columns (`keys`: a column of the left input and one of
-    /// the right): its columns are the left's, then the right's. Empty keys (no equality
-    /// between the two sides found yet) is a cross join, which is not built.
+    /// A regular join on equal columns (`keys`: a column of the left input and one of the
+    /// right): its columns are the left's, then the right's. Empty keys (no equality between
+    /// the two sides found yet) is a cross join, which is not built. An outer join's
+    /// `condition` is the rest of its `ON` (over the joined columns): rows that meet the keys
+    /// but not it do not join.
     Join {
         left: Box<Rel>,
         right: Box<Rel>,
         keys: Vec<(usize, usize)>,
+        kind: JoinKind,
+        condition: Option<Expr>,
     },
     /// `ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order)` kept to the ranks `range`
     /// (1-based, inclusive; `None` until a filter of the enclosing query bounds it): its
@@ -124,6 +132,31 @@ pub enum Node {
         range: Option<(u64, u64)>,
         at: Location,
     },
+}
+
+/// Which rows of a join's inputs appear without a match (padded with NULLs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinKind {
+    /// Only matched rows.
+    Inner,
+    /// Every left row.
+    Left,
+    /// Every right row.
+    Right,
+    /// Every row of both.
+    Full,
+}
+
+impl JoinKind {
+    /// Whether the unmatched rows of the left (0) and the right (1) input appear.
+    pub fn preserves(self) -> [bool; 2] {
+        match self {
+            JoinKind::Inner => [false, false],
+            JoinKind::Left => [true, false],
+            JoinKind::Right => [false, true],
+            JoinKind::Full => [true, true],
+        }
+    }
 }
 
 /// Tables and views by name.
@@ -1184,7 +1217,7 @@ fn plan_from(from: &[ast::TableWithJoins], catalog: &Catalog, at: Location) -> R
     // `FROM a, b WHERE a.k = b.k`: a join whose condition the WHERE gives.
     for item in rest {
         let right = plan_joined(item, catalog)?;
-        acc = join(acc, right, None, at)?;
+        acc = join(acc, right, None, at, JoinKind::Inner)?;
     }
     Ok(acc)
 }
@@ -1193,20 +1226,21 @@ fn plan_joined(item: &ast::TableWithJoins, catalog: &Catalog) -> Result<From> {
     let mut acc = plan_factor(&item.relation, catalog)?;
     for j in &item.joins {
         let at = j.relation.span().start;
-        let constraint = match &j.join_operator {
-            ast::JoinOperator::Join(c) | ast::JoinOperator::Inner(c) => Some(c),
-            ast::JoinOperator::CrossJoin(c) => Some(c),
-            ast::JoinOperator::Left(_) | ast::JoinOperator::LeftOuter(_) => {
-                return unsupported(at, "LEFT [OUTER] JOIN (only inner joins)")
+        let (constraint, kind) = match &j.join_operator {
+            ast::JoinOperator::Join(c) | ast::JoinOperator::Inner(c) => (Some(c), JoinKind::Inner),
+            ast::JoinOperator::CrossJoin(c) => (Some(c), JoinKind::Inner),
+            ast::JoinOperator::Left(c) | ast::JoinOperator::LeftOuter(c) => {
+                (Some(c), JoinKind::Left)
             }
-            ast::JoinOperator::Right(_) | ast::JoinOperator::RightOuter(_) => {
-                return unsupported(at, "RIGHT [OUTER] JOIN (only inner joins)")
+            ast::JoinOperator::Right(c) | ast::JoinOperator::RightOuter(c) => {
+                (Some(c), JoinKind::Right)
             }
-            ast::JoinOperator::FullOuter(_) => {
-                return unsupported(at, "FULL OUTER JOIN (only inner joins)")
-            }
-            _ => None,
+            ast::JoinOperator::FullOuter(c) => (Some(c), JoinKind::Full),
+            _ => (None, JoinKind::Inner),
         };
+        if kind != JoinKind::Inner && !matches!(constraint, Some(ast::JoinConstraint::On(_))) {
+            return unsupported(at, "an outer join without ON");
+        }
         let on = match constraint {
             Some(ast::JoinConstraint::On(e)) => Some(e),
             Some(ast::JoinConstraint::None) => None,
@@ -1214,13 +1248,19 @@ fn plan_joined(item: &ast::TableWithJoins, catalog: &Catalog) -> Result<From> {
             None => return unsupported(at, "this kind of join (only inner joins)"),
         };
         let right = plan_factor(&j.relation, catalog)?;
-        acc = join(acc, right, on, at)?;
+        acc = join(acc, right, on, at, kind)?;
     }
     Ok(acc)
 }
 
-/// The inner join of `left` and `right` on `on` (None: a condition the WHERE gives).
-fn join(left: From, right: From, on: Option<&ast::Expr>, at: Location) -> Result<From> {
+/// The join of `left` and `right` on `on` (None: a condition the WHERE gives).
+fn join(
+    left: From,
+    right: From,
+    on: Option<&ast::Expr>,
+    at: Location,
+    kind: JoinKind,
+) -> Result<From> {
     if left.window.is_some() || right.window.is_some() {
         return unsupported(
             at,
@@ -1238,12 +1278,15 @@ fn join(left: From, right: From, on: Option<&ast::Expr>, at: Location) -> Result
             ..c.clone()
         })
         .collect();
-    let updating = left.updating || right.updating;
+    // An outer join retracts a row padded with NULLs when its first match comes.
+    let updating = left.updating || right.updating || kind != JoinKind::Inner;
     let mut rel = Rel {
         node: Node::Join {
             left: Box::new(left),
             right: Box::new(right),
             keys: Vec::new(),
+            kind,
+            condition: None,
         },
         columns,
         updating,
@@ -1251,9 +1294,95 @@ fn join(left: From, right: From, on: Option<&ast::Expr>, at: Location) -> Result
     if let Some(on) = on {
         let (condition, ty) = bind_expr(on, &Scope::new(&rel.columns))?;
         expect_bool(&ty, on)?;
-        rel = filtered(rel, condition);
+        rel = if kind == JoinKind::Inner {
+            filtered(rel, condition)
+        } else {
+            outer_on(rel, condition)
+        };
     }
     Ok(From { rel, window: None })
+}
+
+/// An outer join's `ON`: equalities of a left and a right column are its keys, a conjunct of
+/// only the side whose rows need a match filters that side before the join, and the rest is
+/// the condition a pair must meet to join. (Unlike an inner join's, none of it may filter the
+/// joined rows: a row that fails it still appears, padded.)
+fn outer_on(rel: Rel, on: Expr) -> Rel {
+    let Node::Join {
+        left,
+        right,
+        mut keys,
+        kind,
+        condition: _,
+    } = rel.node
+    else {
+        unreachable!("outer_on of a join");
+    };
+    let split = left.columns.len();
+    let [keep_left, keep_right] = kind.preserves();
+    let mut parts = Vec::new();
+    conjuncts(on, &mut parts);
+    let (mut on_left, mut on_right, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    for c in parts {
+        if let Some(pair) = key_pair(&c, &rel.columns, split) {
+            keys.push(pair);
+            continue;
+        }
+        let cols = c.columns();
+        if !cols.is_empty() && cols.iter().all(|&i| i < split) && !keep_left {
+            on_left.push(c);
+        } else if !cols.is_empty() && cols.iter().all(|&i| i >= split) && !keep_right {
+            let shift: Vec<Expr> = (0..rel.columns.len())
+                .map(|i| Expr::Col(i.saturating_sub(split)))
+                .collect();
+            on_right.push(c.substitute(&shift));
+        } else {
+            rest.push(c);
+        }
+    }
+    let left = match and_all(on_left) {
+        Some(f) => filtered(*left, f),
+        None => *left,
+    };
+    let right = match and_all(on_right) {
+        Some(f) => filtered(*right, f),
+        None => *right,
+    };
+    Rel {
+        node: Node::Join {
+            left: Box::new(left),
+            right: Box::new(right),
+            keys,
+            kind,
+            condition: and_all(rest),
+        },
+        columns: rel.columns,
+        updating: rel.updating,
+    }
+}
+
+/// `a AND b AND …` of `parts`, if there are any.
+fn and_all(parts: Vec<Expr>) -> Option<Expr> {
+    parts
+        .into_iter()
+        .reduce(|a, b| Expr::Bin(BinOp::And, Box::new(a), Box::new(b), SqlType::Boolean))
+}
+
+/// The join key a conjunct is, if it is an equality of a left and a right column of types
+/// that compare as keys: (left column, right column of the right input).
+fn key_pair(c: &Expr, columns: &[Column], split: usize) -> Option<(usize, usize)> {
+    let Expr::Bin(BinOp::Eq, a, b, _) = c else {
+        return None;
+    };
+    let (a, b) = (a.as_col()?, b.as_col()?);
+    if !columns[a].ty.comparable_key(&columns[b].ty) {
+        return None;
+    }
+    match (a < split, b < split) {
+        (true, false) => Some((a, b - split)),
+        (false, true) => Some((b, a - split)),
+        _ => None,
+    }
 }
 
 /// The conjuncts of a condition (`a AND b AND …`).
@@ -1276,8 +1405,12 @@ fn filtered(rel: Rel, condition: Expr) -> Rel {
         left,
         right,
         mut keys,
+        kind: JoinKind::Inner,
+        condition: None,
     } = rel.node
     else {
+        // Over anything else, an outer join too (its padded rows are not to be filtered
+        // before it pads them), a filter of the rows.
         let project = (0..rel.columns.len()).map(Expr::Col).collect();
         let columns = rel.columns.clone();
         return calc(rel, Some(condition), project, columns);
@@ -1287,23 +1420,11 @@ fn filtered(rel: Rel, condition: Expr) -> Rel {
     conjuncts(condition, &mut parts);
     let (mut on_left, mut on_right, mut rest) = (Vec::new(), Vec::new(), Vec::new());
     for c in parts {
-        let cols = c.columns();
-        if let Expr::Bin(BinOp::Eq, a, b, _) = &c {
-            if let (Some(a), Some(b)) = (a.as_col(), b.as_col()) {
-                let same_type = rel.columns[a].ty.comparable_key(&rel.columns[b].ty);
-                match (a < split, b < split) {
-                    (true, false) if same_type => {
-                        keys.push((a, b - split));
-                        continue;
-                    }
-                    (false, true) if same_type => {
-                        keys.push((b, a - split));
-                        continue;
-                    }
-                    _ => {}
-                }
-            }
+        if let Some(pair) = key_pair(&c, &rel.columns, split) {
+            keys.push(pair);
+            continue;
         }
+        let cols = c.columns();
         if !cols.is_empty() && cols.iter().all(|&i| i < split) {
             on_left.push(c);
         } else if !cols.is_empty() && cols.iter().all(|&i| i >= split) {
@@ -1315,16 +1436,11 @@ fn filtered(rel: Rel, condition: Expr) -> Rel {
             rest.push(c);
         }
     }
-    let and = |parts: Vec<Expr>| {
-        parts
-            .into_iter()
-            .reduce(|a, b| Expr::Bin(BinOp::And, Box::new(a), Box::new(b), SqlType::Boolean))
-    };
-    let left = match and(on_left) {
+    let left = match and_all(on_left) {
         Some(f) => filtered(*left, f),
         None => *left,
     };
-    let right = match and(on_right) {
+    let right = match and_all(on_right) {
         Some(f) => filtered(*right, f),
         None => *right,
     };
@@ -1333,11 +1449,13 @@ fn filtered(rel: Rel, condition: Expr) -> Rel {
             left: Box::new(left),
             right: Box::new(right),
             keys,
+            kind: JoinKind::Inner,
+            condition: None,
         },
         columns: rel.columns,
         updating: rel.updating,
     };
-    match and(rest) {
+    match and_all(rest) {
         Some(f) => {
             let project = (0..joined.columns.len()).map(Expr::Col).collect();
             let columns = joined.columns.clone();
@@ -1986,14 +2104,16 @@ fn plan_aggregate(
             }
         }
         let (e, ty, time) = bind(g, &scope)?;
-        if time == Time::Rowtime && from.window.is_none() {
-            // Grouping by event time is an updating aggregate like any other.
-        }
+        // A window's end stays one as a group key: the groups of a window end with it.
+        let time = match (&e, time) {
+            (Expr::Col(_), Time::WindowEnd) => Time::WindowEnd,
+            _ => Time::None,
+        };
         input_cols.push(Column {
             name: item_name(g, input_cols.len()),
             qualifier: None,
             ty,
-            time: Time::None,
+            time,
         });
         input_exprs.push(e);
         key_texts.push(g.to_string());
@@ -2111,10 +2231,10 @@ fn plan_aggregate(
                     ty: SqlType::Timestamp {
                         ltz: time_col.is_none(),
                     },
-                    time: if name == "window_time" && time_col.is_some() {
-                        Time::Rowtime
-                    } else {
-                        Time::None
+                    time: match (name, time_col) {
+                        ("window_time", Some(_)) => Time::Rowtime,
+                        ("window_end", Some(_)) => Time::WindowEnd,
+                        _ => Time::None,
                     },
                 });
             }

@@ -22,7 +22,7 @@ use super::types::{Row, RowKind, SqlType, Value};
 use super::SqlError;
 use crate::api::{Collector, KeyedProcessFunction};
 use crate::error::TaskResult;
-use crate::state::{KeyedContext, StateTtlConfig, ValueState};
+use crate::state::{KeyedContext, StateTtlConfig, TimeDomain, ValueState};
 
 type Result<T> = std::result::Result<T, SqlError>;
 
@@ -257,7 +257,9 @@ pub(super) fn dedup(rel: &Rel) -> Option<bool> {
         return None;
     };
     match order.as_slice() {
-        [(c, desc)] if input.columns[*c].time != Time::None => Some(*desc),
+        [(c, desc)] if matches!(input.columns[*c].time, Time::Rowtime | Time::Proctime) => {
+            Some(*desc)
+        }
         _ => None,
     }
 }
@@ -274,6 +276,9 @@ pub(super) fn appends_only(rel: &Rel) -> bool {
 /// The keyed operator of a rank: per partition, its rows in rank order.
 #[derive(Clone)]
 pub(super) struct RankFn {
+    /// The partition column that is a window's end, if one is: a partition is dropped when
+    /// the watermark passes its window (a window Top-N).
+    pub expire: Option<usize>,
     /// The sort columns, each descending or not.
     pub order: Arc<[(usize, bool)]>,
     /// The first and last rank kept (1-based, inclusive).
@@ -328,6 +333,11 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for RankFn {
         let Some(state) = self.state.clone() else {
             return Ok(());
         };
+        if let Some(c) = self.expire {
+            if state.value(ctx)?.is_none() {
+                super::build::expire_with_window(&row.values[c], ctx)?;
+            }
+        }
         let (first, last) = (self.range.0 as usize - 1, self.range.1 as usize);
         let rows = state.get_mut(ctx, Vec::new)?;
         // Where the row goes (an addition) or which row it takes back (a retraction).
@@ -383,6 +393,19 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for RankFn {
             state.clear(ctx)?;
         }
         Ok(())
+    }
+
+    fn on_timer(
+        &mut self,
+        _time: i64,
+        _domain: TimeDomain,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        _out: &mut Collector<Row>,
+    ) -> TaskResult {
+        match &self.state {
+            Some(state) => state.clear(ctx),
+            None => Ok(()),
+        }
     }
 }
 

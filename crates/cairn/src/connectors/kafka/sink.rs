@@ -119,10 +119,14 @@ impl KafkaSinkConfig {
     }
 }
 
+/// Whether a record is written as a tombstone: its key and a null value.
+type Tombstone<T> = Arc<dyn Fn(&T) -> bool + Send + Sync>;
+
 /// The Kafka sink.
 pub struct KafkaSink<T> {
     config: Arc<KafkaSinkConfig>,
     encoder: KafkaEncoder<T>,
+    tombstone: Option<Tombstone<T>>,
 }
 
 impl<T> KafkaSink<T> {
@@ -132,7 +136,18 @@ impl<T> KafkaSink<T> {
         Ok(KafkaSink {
             config: Arc::new(config),
             encoder,
+            tombstone: None,
         })
+    }
+
+    /// Writes the records `is_tombstone` holds for as tombstones: the key the encoder wrote
+    /// and a null value (what a compacted topic deletes a key with), the value ignored.
+    pub fn with_tombstones(
+        mut self,
+        is_tombstone: impl Fn(&T) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.tombstone = Some(Arc::new(is_tombstone));
+        self
     }
 
     fn prefix(&self, owner: &SinkOwner) -> String {
@@ -299,6 +314,7 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
         let shared = Shared {
             config: self.config.clone(),
             encoder: self.encoder.clone(),
+            tombstone: self.tombstone.clone(),
         };
         if self.config.guarantee != KafkaGuarantee::ExactlyOnce {
             return Ok(Box::new(PlainWriter::new(
@@ -489,6 +505,7 @@ fn warn_if_near_timeout(config: &KafkaSinkConfig, id: &str, age: Duration, what:
 struct Shared<T> {
     config: Arc<KafkaSinkConfig>,
     encoder: KafkaEncoder<T>,
+    tombstone: Option<Tombstone<T>>,
 }
 
 /// The producer context: delivery reports and errors, seen by the writer's own thread (a
@@ -628,7 +645,11 @@ fn send_batch<T>(
         key.clear();
         value.clear();
         (shared.encoder)(&r, key, value);
-        let mut record = BaseRecord::to(topic).key(&key[..]).payload(&value[..]);
+        let record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).key(&key[..]);
+        let mut record = match &shared.tombstone {
+            Some(is_tombstone) if is_tombstone(&r) => record,
+            _ => record.payload(&value[..]),
+        };
         loop {
             match producer.send(record) {
                 Ok(()) => break,
