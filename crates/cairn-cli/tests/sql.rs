@@ -593,8 +593,8 @@ fn bad_sql_is_a_one_line_error_naming_what_and_where() {
             &["SUM() OVER (…) is not supported"],
         ),
         (
-            &format!("{ORDERS}INSERT INTO out_t SELECT customer, SUM(amount) FROM TABLE(CUMULATE(TABLE orders, DESCRIPTOR(ts), INTERVAL '1' MINUTE, INTERVAL '1' HOUR)) GROUP BY customer, window_start, window_end;"),
-            &["CUMULATE window is not supported"],
+            &format!("{ORDERS}INSERT INTO out_t SELECT customer, SUM(amount) FROM TABLE(CUMULATE(TABLE orders, DESCRIPTOR(ts), INTERVAL '7' MINUTE, INTERVAL '1' HOUR)) GROUP BY customer, window_start, window_end;"),
+            &["line 3", "CUMULATE's max size (3600000 ms) must be a multiple of its step (420000 ms)"],
         ),
         // Wrong types.
         (
@@ -1082,4 +1082,127 @@ CREATE VIEW b AS SELECT id AS bid, id % 400 AS k FROM b_rows;
         .collect();
     expected.sort_unstable();
     assert_same("left join of a changelog", &got, &expected);
+}
+
+#[test]
+fn an_interval_join_keeps_rows_while_they_can_join_and_commits_the_reference() {
+    // Two throttled sources whose watermarks advance while they run (every 5 ms), so rows
+    // are dropped as the join goes: one dropped too early would lose its later matches.
+    let rows = 4_000;
+    let table = |name: &str, shift: u64| {
+        format!(
+            "CREATE TABLE {name} (id BIGINT, ts AS TO_TIMESTAMP_LTZ(id * 100 + {shift}, 3), WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) WITH ('connector' = 'datagen', 'number-of-rows' = '{rows}', 'fields.id.kind' = 'sequence', 'fields.id.start' = '0', 'rows-per-second' = '10000');\n"
+        )
+    };
+    let query = "SELECT l.id, r.id FROM l JOIN r ON l.k = r.k AND r.ts BETWEEN l.ts AND l.ts + INTERVAL '3' SECOND;";
+    let tables = format!(
+        "SET 'pipeline.auto-watermark-interval' = '5 ms';\n{}{}CREATE VIEW l AS SELECT id, id % 10 AS k, ts FROM lt;\nCREATE VIEW r AS SELECT id, id % 10 AS k, ts FROM rt;\n",
+        table("lt", 0),
+        table("rt", 50)
+    );
+    let plan = run_ok(&mut sql(&format!("{tables}EXPLAIN {query}"), 2));
+    let plan = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        plan.contains("each kept while it can join (l.ts - r.ts within -3000 to 0 ms)"),
+        "{plan}"
+    );
+    let mut expected: Vec<String> = Vec::new();
+    for l in 0..rows {
+        for r in 0..rows {
+            let (lt, rt) = (l * 100, r * 100 + 50);
+            if l % 10 == r % 10 && (lt..=lt + 3_000).contains(&rt) {
+                expected.push(format!("{l}, {r}"));
+            }
+        }
+    }
+    expected.sort_unstable();
+    assert!(
+        expected.len() > rows as usize,
+        "{} joined rows",
+        expected.len()
+    );
+    let out = run_ok(&mut sql(&format!("{tables}{query}"), 2));
+    let got = apply_changelog(&String::from_utf8_lossy(&out.stdout));
+    assert_same("interval join", &got, &expected);
+}
+
+#[test]
+fn a_cumulate_window_aggregation_commits_the_reference_at_parallelism_2() {
+    let events = 30_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let script = format!(
+        "{}
+CREATE TABLE cumulated (
+    auction BIGINT, window_start TIMESTAMP(3), window_end TIMESTAMP(3),
+    bids BIGINT, volume BIGINT, top_price BIGINT
+) WITH ({});
+INSERT INTO cumulated
+SELECT auction, window_start, window_end, COUNT(*), SUM(price), MAX(price)
+FROM TABLE(CUMULATE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
+GROUP BY auction, window_start, window_end;",
+        ddl(events),
+        into_files(&out)
+    );
+
+    // Each reader's bids are in time order and the watermark trails them by 4 s, so none is
+    // late: every bid counts in each window of its 10 s period that ends after it.
+    let bids = bids(events);
+    assert!(
+        bids.windows(2).all(|p| p[0].date_time <= p[1].date_time),
+        "the generator's bids are in time order"
+    );
+    let mut windows: std::collections::BTreeMap<(i64, i64, i64), (u64, i64, i64)> =
+        Default::default();
+    for b in &bids {
+        let start = b.date_time - b.date_time.rem_euclid(10_000);
+        for end in (1..=5)
+            .map(|n| start + 2_000 * n)
+            .filter(|e| *e > b.date_time)
+        {
+            let w = windows
+                .entry((b.auction, start, end))
+                .or_insert((0, 0, i64::MIN));
+            w.0 += 1;
+            w.1 += b.price;
+            w.2 = w.2.max(b.price);
+        }
+    }
+    let time = |ms: i64| {
+        let mut s = String::new();
+        cairn::sql::types::write_timestamp(&mut s, ms);
+        s
+    };
+    let mut expected: Vec<String> = windows
+        .iter()
+        .map(|(&(auction, start, end), &(n, volume, top))| {
+            format!(
+                "{auction}\t{}\t{}\t{n}\t{volume}\t{top}",
+                time(start),
+                time(end)
+            )
+        })
+        .collect();
+    expected.sort_unstable();
+    let periods: std::collections::BTreeSet<i64> = windows.keys().map(|k| k.1).collect();
+    assert!(periods.len() >= 3, "the bids span several periods");
+    assert!(
+        windows.keys().any(|k| k.2 - k.1 == 2_000) && windows.keys().any(|k| k.2 - k.1 == 10_000),
+        "windows of every size"
+    );
+
+    let (tables, query) = script.rsplit_once("INSERT INTO").unwrap();
+    let plan = run_ok(&mut sql(
+        &format!("{tables}\nEXPLAIN INSERT INTO{query}"),
+        2,
+    ));
+    let plan = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        plan.contains("CUMULATE(step 2000 ms, max size 10000 ms, offset 0 ms, event time)"),
+        "{plan}"
+    );
+
+    run_ok(&mut sql(&script, 2));
+    assert_no_leftovers(&out);
+    assert_same("cumulate", &committed_sorted(&out), &expected);
 }

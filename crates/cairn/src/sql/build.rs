@@ -21,7 +21,7 @@ use super::agg::{Acc, AggCall};
 use super::connectors;
 use super::expr::Expr;
 use super::parse::{parse_script, Insert, Statement};
-use super::plan::{coerce, plan_query, Catalog, JoinKind, Node, Rel, Time, WindowKind};
+use super::plan::{coerce, plan_query, Catalog, JoinKind, Node, Rel, Time, TimeBounds, WindowKind};
 use super::rank;
 use super::types::{Row, RowKind, Value};
 use super::SqlError;
@@ -457,6 +457,7 @@ impl Builder<'_> {
                 keys,
                 kind,
                 condition,
+                bounds,
             } => {
                 if keys.is_empty() {
                     return Err(SqlError::msg(
@@ -470,6 +471,9 @@ impl Builder<'_> {
                 if *kind != JoinKind::Inner {
                     let _ = write!(text, " {kind:?} {condition:?}");
                 }
+                if let Some(b) = bounds {
+                    let _ = write!(text, " {b:?}");
+                }
                 let d = digest(&text, &[l.digest, r.digest]);
                 let uid = self.unique(format!("{prefix}.join-{d:08x}"));
                 let lk: Arc<[usize]> = keys.iter().map(|k| k.0).collect();
@@ -482,6 +486,7 @@ impl Builder<'_> {
                     keys: [lk.clone(), rk.clone()],
                     expire,
                     preserves: kind.preserves(),
+                    bounds: *bounds,
                     condition: condition.clone().map(Arc::new),
                     widths: [left.columns.len(), right.columns.len()],
                     ttl: self.ttl,
@@ -516,10 +521,16 @@ impl Builder<'_> {
                     .ttl
                     .map(|t| format!(", ttl {} ms", t.as_millis()))
                     .unwrap_or_default();
-                let freed = if expire.is_some() {
-                    ", freed at the window's end"
-                } else {
-                    ""
+                let freed = match (expire, bounds) {
+                    (Some(_), _) => ", freed at the window's end".to_string(),
+                    (None, Some(b)) => format!(
+                        ", each kept while it can join ({} - {} within {} to {} ms)",
+                        column_text(&left.columns[b.left]),
+                        column_text(&right.columns[b.right]),
+                        b.lower,
+                        b.upper
+                    ),
+                    (None, None) => String::new(),
                 };
                 let kind_text = match kind {
                     JoinKind::Inner => "inner",
@@ -670,6 +681,9 @@ fn window_text(w: &WindowKind, proctime: bool) -> String {
             size,
             offset,
         } => format!("HOP(slide {slide} ms, size {size} ms, offset {offset} ms, {clock})"),
+        WindowKind::Cumulate { step, size, offset } => {
+            format!("CUMULATE(step {step} ms, max size {size} ms, offset {offset} ms, {clock})")
+        }
         WindowKind::Session { gap } => format!("SESSION(gap {gap} ms, {clock})"),
     }
 }
@@ -708,6 +722,11 @@ fn assigner(w: &WindowKind, proctime: bool) -> Result<WindowAssigner> {
             size,
             offset: o,
         } => WindowAssigner::sliding(ms(*size), ms(*slide)).with_offset(offset(*o)?),
+        WindowKind::Cumulate {
+            step,
+            size,
+            offset: o,
+        } => WindowAssigner::cumulative(ms(*step), ms(*size)).with_offset(offset(*o)?),
         WindowKind::Session { gap } => WindowAssigner::session(ms(*gap)),
     };
     let a = if proctime { a.on_processing_time() } else { a };
@@ -869,6 +888,9 @@ struct JoinFn {
     preserves: [bool; 2],
     /// What a pair must meet besides the keys, over the joined columns.
     condition: Option<Arc<Expr>>,
+    /// The bounds of an interval join: each row is dropped once the watermark shows that no
+    /// row it could join is still to come.
+    bounds: Option<TimeBounds>,
     /// How many columns each input has (the NULLs of a padded row).
     widths: [usize; 2],
     ttl: Option<Duration>,
@@ -904,6 +926,18 @@ impl JoinFn {
             nulls.chain(row.iter().cloned()).collect()
         };
         Row { kind, values }
+    }
+
+    /// The watermark after which a row of `side` can join no row still to come (an interval
+    /// join's): a left row at `l` joins right rows up to `l - lower`, a right row at `r` left
+    /// rows up to `r + upper`.
+    fn joinable_until(&self, side: usize, row: &[Value]) -> Option<i64> {
+        let b = self.bounds?;
+        if side == 0 {
+            row[b.left].as_i64()?.checked_sub(b.lower)
+        } else {
+            row[b.right].as_i64()?.checked_add(b.upper)
+        }
     }
 
     fn on_row(
@@ -979,6 +1013,8 @@ impl JoinFn {
         }
         if let Some(k) = self.expire.filter(|_| addition) {
             expire_with_window(&row.values[self.keys[side][k]], ctx)?;
+        } else if let Some(until) = self.joinable_until(side, &row.values).filter(|_| addition) {
+            ctx.register_event_time_timer(until)?;
         }
         let mine = &rows[side];
         let count =
@@ -1036,17 +1072,35 @@ impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
 
     fn on_timer(
         &mut self,
-        _time: i64,
+        time: i64,
         _domain: TimeDomain,
         ctx: &mut KeyedContext<Vec<Value>>,
         _out: &mut Collector<Row>,
     ) -> TaskResult {
-        if let Some([left, right]) = &self.rows {
-            left.clear(ctx)?;
-            right.clear(ctx)?;
+        let Some(rows) = &self.rows else {
+            return Ok(());
+        };
+        if self.expire.is_some() {
+            // The key's window has passed: all of its state goes.
+            for state in rows.iter().chain(self.matched.iter().flatten()) {
+                state.clear(ctx)?;
+            }
+            return Ok(());
         }
-        for m in self.matched.iter().flatten() {
-            m.clear(ctx)?;
+        // An interval join: the rows that can join nothing more go.
+        for (side, kept) in rows.iter().enumerate() {
+            let done: Vec<Vec<Value>> = kept
+                .entries(ctx)?
+                .into_iter()
+                .filter(|(r, _)| self.joinable_until(side, r).is_some_and(|t| t <= time))
+                .map(|(r, _)| r.clone())
+                .collect();
+            for r in done {
+                if let Some(m) = &self.matched[side] {
+                    m.remove(ctx, &r)?;
+                }
+                kept.remove(ctx, &r)?;
+            }
         }
         Ok(())
     }

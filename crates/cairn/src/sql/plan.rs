@@ -65,6 +65,8 @@ pub enum WindowKind {
     Tumble { size: i64, offset: i64 },
     /// `HOP(…, slide, size[, offset])`.
     Hop { slide: i64, size: i64, offset: i64 },
+    /// `CUMULATE(…, step, max size[, offset])`.
+    Cumulate { step: i64, size: i64, offset: i64 },
     /// `SESSION(… PARTITION BY keys, …, gap)`.
     Session { gap: i64 },
 }
@@ -120,6 +122,9 @@ pub enum Node {
         keys: Vec<(usize, usize)>,
         kind: JoinKind,
         condition: Option<Expr>,
+        /// The bounds its conditions put on the two sides' event times, if they do (an
+        /// interval join): rows are kept only while they can still join.
+        bounds: Option<TimeBounds>,
     },
     /// `ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order)` kept to the ranks `range`
     /// (1-based, inclusive; `None` until a filter of the enclosing query bounds it): its
@@ -132,6 +137,95 @@ pub enum Node {
         range: Option<(u64, u64)>,
         at: Location,
     },
+}
+
+/// An interval join's bounds: a left row with event time `l` (column `left` of the left
+/// input) joins only right rows whose event time `r` (column `right`) has `l - r` within
+/// `lower..=upper` ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeBounds {
+    pub left: usize,
+    pub right: usize,
+    pub lower: i64,
+    pub upper: i64,
+}
+
+/// The bounds conditions over a join's columns (`parts`, conjuncts) put on the event times of
+/// its `left` and `right` inputs: comparisons of a left and a right time attribute, each plus
+/// or minus an interval, that bound the difference from below and from above.
+fn time_bounds(parts: &[Expr], left: &Rel, right: &Rel) -> Option<TimeBounds> {
+    let split = left.columns.len();
+    // A time column plus a constant (ms).
+    let shifted = |e: &Expr| -> Option<(usize, i64)> {
+        let lit = |e: &Expr| match e {
+            Expr::Lit(Value::Int(k)) => Some(*k),
+            _ => None,
+        };
+        match e {
+            Expr::Col(i) => Some((*i, 0)),
+            Expr::Bin(BinOp::Add, a, b, _) => match (a.as_col(), b.as_col()) {
+                (Some(i), None) => Some((i, lit(b)?)),
+                (None, Some(i)) => Some((i, lit(a)?)),
+                _ => None,
+            },
+            Expr::Bin(BinOp::Sub, a, b, _) => Some((a.as_col()?, lit(b)?.checked_neg()?)),
+            _ => None,
+        }
+    };
+    let is_time = |i: usize| {
+        let c = if i < split {
+            &left.columns[i]
+        } else {
+            &right.columns[i - split]
+        };
+        c.time == Time::Rowtime
+    };
+    let (mut columns, mut lower, mut upper) = (None, None::<i64>, None::<i64>);
+    for c in parts {
+        let Expr::Bin(op, x, y, _) = c else { continue };
+        let (Some((a, da)), Some((b, db))) = (shifted(x), shifted(y)) else {
+            continue;
+        };
+        if !is_time(a) || !is_time(b) {
+            continue;
+        }
+        // As a bound on `left - right`: `l + da op r + db` is `l - r op db - da`.
+        let (pair, op, k) = match (a < split, b < split) {
+            (true, false) => ((a, b - split), *op, db - da),
+            (false, true) => {
+                let flipped = match op {
+                    BinOp::Lt => BinOp::Gt,
+                    BinOp::Le => BinOp::Ge,
+                    BinOp::Gt => BinOp::Lt,
+                    BinOp::Ge => BinOp::Le,
+                    other => *other,
+                };
+                ((b, a - split), flipped, da - db)
+            }
+            _ => continue,
+        };
+        if columns.is_some_and(|c| c != pair) {
+            continue;
+        }
+        let (low, high) = match op {
+            BinOp::Ge => (Some(k), None),
+            BinOp::Gt => (Some(k + 1), None),
+            BinOp::Le => (None, Some(k)),
+            BinOp::Lt => (None, Some(k - 1)),
+            BinOp::Eq => (Some(k), Some(k)),
+            _ => continue,
+        };
+        columns = Some(pair);
+        lower = low.map_or(lower, |v| Some(lower.map_or(v, |l| l.max(v))));
+        upper = high.map_or(upper, |v| Some(upper.map_or(v, |u| u.min(v))));
+    }
+    let (left, right) = columns?;
+    Some(TimeBounds {
+        left,
+        right,
+        lower: lower?,
+        upper: upper?,
+    })
 }
 
 /// Which rows of a join's inputs appear without a match (padded with NULLs).
@@ -1287,6 +1381,7 @@ fn join(
             keys: Vec::new(),
             kind,
             condition: None,
+            bounds: None,
         },
         columns,
         updating,
@@ -1314,6 +1409,7 @@ fn outer_on(rel: Rel, on: Expr) -> Rel {
         mut keys,
         kind,
         condition: _,
+        bounds: _,
     } = rel.node
     else {
         unreachable!("outer_on of a join");
@@ -1348,6 +1444,7 @@ fn outer_on(rel: Rel, on: Expr) -> Rel {
         Some(f) => filtered(*right, f),
         None => *right,
     };
+    let bounds = time_bounds(&rest, &left, &right);
     Rel {
         node: Node::Join {
             left: Box::new(left),
@@ -1355,6 +1452,7 @@ fn outer_on(rel: Rel, on: Expr) -> Rel {
             keys,
             kind,
             condition: and_all(rest),
+            bounds,
         },
         columns: rel.columns,
         updating: rel.updating,
@@ -1407,6 +1505,7 @@ fn filtered(rel: Rel, condition: Expr) -> Rel {
         mut keys,
         kind: JoinKind::Inner,
         condition: None,
+        bounds,
     } = rel.node
     else {
         // Over anything else, an outer join too (its padded rows are not to be filtered
@@ -1444,6 +1543,8 @@ fn filtered(rel: Rel, condition: Expr) -> Rel {
         Some(f) => filtered(*right, f),
         None => *right,
     };
+    // The filter after the join still checks the times; the bounds only let rows go.
+    let bounds = bounds.or_else(|| time_bounds(&rest, &left, &right));
     let joined = Rel {
         node: Node::Join {
             left: Box::new(left),
@@ -1451,6 +1552,7 @@ fn filtered(rel: Rel, condition: Expr) -> Rel {
             keys,
             kind: JoinKind::Inner,
             condition: None,
+            bounds,
         },
         columns: rel.columns,
         updating: rel.updating,
@@ -1635,8 +1737,8 @@ fn window_tvf(expr: &ast::Expr, catalog: &Catalog) -> Result<From> {
     })
 }
 
-/// The window `name` (TUMBLE, HOP, SESSION) with its `intervals` in ms, in the order the
-/// window table-valued functions and the legacy group windows take them.
+/// The window `name` (TUMBLE, HOP, SESSION, CUMULATE) with its `intervals` in ms, in the order
+/// the window table-valued functions and the legacy group windows take them.
 fn window_kind(name: &str, intervals: &[i64], at: Location) -> Result<WindowKind> {
     let positive = |ms: i64, what: &str| {
         if ms > 0 {
@@ -1667,15 +1769,24 @@ fn window_kind(name: &str, intervals: &[i64], at: Location) -> Result<WindowKind
         ("SESSION", [gap]) => WindowKind::Session {
             gap: positive(*gap, "gap")?,
         },
-        ("CUMULATE", _) => return unsupported(at, "the CUMULATE window"),
-        ("TUMBLE" | "HOP" | "SESSION", _) => {
+        ("CUMULATE", [step, size]) => WindowKind::Cumulate {
+            step: positive(*step, "step")?,
+            size: positive(*size, "max size")?,
+            offset: 0,
+        },
+        ("CUMULATE", [step, size, offset]) => WindowKind::Cumulate {
+            step: positive(*step, "step")?,
+            size: positive(*size, "max size")?,
+            offset: *offset,
+        },
+        ("TUMBLE" | "HOP" | "SESSION" | "CUMULATE", _) => {
             return err(at, format!("wrong number of interval arguments for {name}"))
         }
         _ => {
             return err(
                 at,
                 format!(
-                    "unknown table function {name}; the window functions are TUMBLE, HOP, SESSION"
+                    "unknown table function {name}; the window functions are TUMBLE, HOP, SESSION, CUMULATE"
                 ),
             )
         }
@@ -1683,6 +1794,16 @@ fn window_kind(name: &str, intervals: &[i64], at: Location) -> Result<WindowKind
     if let WindowKind::Hop { slide, size, .. } = window {
         if size % slide != 0 {
             return err(at, "HOP's size must be a multiple of its slide");
+        }
+    }
+    if let WindowKind::Cumulate { step, size, .. } = window {
+        if size % step != 0 {
+            return err(
+                at,
+                format!(
+                    "CUMULATE's max size ({size} ms) must be a multiple of its step ({step} ms)"
+                ),
+            );
         }
     }
     Ok(window)
@@ -2001,6 +2122,10 @@ fn group_window(g: &ast::Expr, scope: &Scope) -> Result<Option<GroupWindow>> {
         return Ok(None);
     }
     let at = f.name.span().start;
+    if name == "CUMULATE" {
+        // As in Flink: a window table-valued function only, no group window.
+        return unsupported(at, "CUMULATE in GROUP BY (use TABLE(CUMULATE(TABLE t, DESCRIPTOR(time_column), step, max_size)) in FROM)");
+    }
     let (args, _, _) = function_args(f)?;
     let Some((time, rest)) = args.split_first() else {
         return err(at, format!("{name} needs a time column and intervals"));

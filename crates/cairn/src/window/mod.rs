@@ -1,13 +1,18 @@
-//! Windows: tumbling, sliding and session windows on event or processing time, evaluated by a
-//! keyed operator whose window contents and timers are system state in the checkpoint.
+//! Windows: tumbling, sliding, cumulative and session windows on event or processing time,
+//! evaluated by a keyed operator whose window contents and timers are system state in the
+//! checkpoint.
 //!
 //! A window operator is a [`KeyedProcessFunction`] ([`WindowFunction`]) run by the ordinary
 //! keyed operator, so its state is keyed state (per key group: restored, rescaled) and its
 //! firings are timers. Per key it keeps *slots*: for a sliding window with the default trigger
 //! a slot is a pane (the greatest common divisor of size and slide), shared by every window that
 //! covers it, so a record costs one accumulator update whatever size/slide is; a window is
-//! evaluated by merging the accumulators of its panes when its timer fires. Otherwise a slot is
-//! a window. Session windows keep a sorted list of windows per key and merge them.
+//! evaluated by merging the accumulators of its panes when its timer fires. Cumulative windows
+//! (Flink's `CUMULATE`: in each period of `max_size`, the windows `[start, start + step)`,
+//! `[start, start + 2 step)`, …, `[start, start + max_size)`) share panes of `step` the same way:
+//! a record updates its one pane, a window merges the panes from its period's start to its end,
+//! and the period's panes go when its last (full) window is dropped. Otherwise a slot is a
+//! window. Session windows keep a sorted list of windows per key and merge them.
 //!
 //! Firing follows Flink's defaults: event-time windows fire when the watermark passes their
 //! end (`max_timestamp = end - 1`); with allowed lateness a record that arrives after that but
@@ -72,6 +77,9 @@ pub struct WindowAssigner {
 enum Shape {
     /// Windows of `size` every `slide` (tumbling: slide == size), starting at `offset` mod slide.
     Aligned { size: i64, slide: i64, offset: i64 },
+    /// Per period of `size` (starting at `offset` mod size), the windows from its start to
+    /// every multiple of `step` in it.
+    Cumulate { step: i64, size: i64, offset: i64 },
     /// A window per burst of records less than `gap` apart.
     Session { gap: i64 },
 }
@@ -94,6 +102,21 @@ impl WindowAssigner {
         }
     }
 
+    /// Cumulative event-time windows (Flink's `CUMULATE`): periods of `max_size` and, in each,
+    /// the windows from the period's start growing by `step` up to the whole period. A record
+    /// belongs to every window of its period that ends after it. `max_size` must be a multiple
+    /// of `step` ([`validate`](Self::validate)).
+    pub fn cumulative(step: Duration, max_size: Duration) -> Self {
+        WindowAssigner {
+            shape: Shape::Cumulate {
+                step: ms(step),
+                size: ms(max_size),
+                offset: 0,
+            },
+            domain: TimeDomain::EventTime,
+        }
+    }
+
     /// Event-time session windows closed by a `gap` without records of the key.
     pub fn session(gap: Duration) -> Self {
         WindowAssigner {
@@ -102,13 +125,17 @@ impl WindowAssigner {
         }
     }
 
-    /// Aligned windows start at `offset` past multiples of their slide (time zones).
+    /// Aligned windows start at `offset` past multiples of their slide (time zones);
+    /// cumulative windows' periods at `offset` past multiples of their max size.
     pub fn with_offset(mut self, offset: Duration) -> Self {
-        if let Shape::Aligned {
-            offset: o, slide, ..
-        } = &mut self.shape
-        {
-            *o = ms(offset).rem_euclid((*slide).max(1));
+        match &mut self.shape {
+            Shape::Aligned {
+                offset: o, slide, ..
+            } => *o = ms(offset).rem_euclid((*slide).max(1)),
+            Shape::Cumulate {
+                offset: o, size, ..
+            } => *o = ms(offset).rem_euclid((*size).max(1)),
+            Shape::Session { .. } => {}
         }
         self
     }
@@ -124,7 +151,8 @@ impl WindowAssigner {
         self.domain
     }
 
-    /// Size, slide and offset in ms of tumbling and sliding windows (None: sessions).
+    /// Size, slide and offset in ms of tumbling and sliding windows (None: cumulative and
+    /// session windows).
     pub fn aligned_geometry(&self) -> Option<(i64, i64, i64)> {
         match self.shape {
             Shape::Aligned {
@@ -132,7 +160,15 @@ impl WindowAssigner {
                 slide,
                 offset,
             } => Some((size, slide, offset)),
-            Shape::Session { .. } => None,
+            Shape::Cumulate { .. } | Shape::Session { .. } => None,
+        }
+    }
+
+    /// Step, max size and offset in ms of cumulative windows (None: other windows).
+    pub fn cumulative_geometry(&self) -> Option<(i64, i64, i64)> {
+        match self.shape {
+            Shape::Cumulate { step, size, offset } => Some((step, size, offset)),
+            Shape::Aligned { .. } | Shape::Session { .. } => None,
         }
     }
 
@@ -144,6 +180,12 @@ impl WindowAssigner {
             }
             Shape::Aligned { size, slide, .. } if slide > size => Err(format!(
                 "a sliding window's slide ({slide} ms) must not exceed its size ({size} ms)"
+            )),
+            Shape::Cumulate { step, size, .. } if step <= 0 || size <= 0 => {
+                Err("a cumulate window's step and max size must be at least 1 ms".into())
+            }
+            Shape::Cumulate { step, size, .. } if size % step != 0 => Err(format!(
+                "a cumulate window's max size ({size} ms) must be a multiple of its step ({step} ms)"
             )),
             Shape::Session { gap } if gap <= 0 => Err("session gap must be at least 1 ms".into()),
             _ => Ok(()),
@@ -391,12 +433,16 @@ impl<K, T, R, O, A: AggregateFunction<T, R>, P, E> WindowFunction<K, T, R, O, A,
 /// Aligned windows: the geometry of slots and windows.
 #[derive(Debug, Clone, Copy)]
 struct Aligned {
+    /// Window size; cumulative windows: the max size, a period.
     size: i64,
+    /// Window slide; cumulative windows: the step.
     slide: i64,
     offset: i64,
-    /// Slot length: the pane (gcd of size and slide) when panes are shared, else the window
-    /// itself (a slot per window start).
+    /// Slot length: the pane (gcd of size and slide; cumulative windows: the step) when panes
+    /// are shared, else the window itself (a slot per window start; cumulative: per end).
     pane: Option<i64>,
+    /// Cumulative windows: each period's windows start at its start and end at every step.
+    cumulative: bool,
 }
 
 fn gcd(a: i64, b: i64) -> i64 {
@@ -413,21 +459,61 @@ impl Aligned {
         ts - (ts - self.offset).rem_euclid(period)
     }
 
-    /// The windows containing `ts`, latest start first.
+    /// The windows containing `ts`: latest start first; cumulative windows: earliest end first.
     fn windows_of(&self, ts: i64) -> impl Iterator<Item = TimeWindow> + '_ {
         let last = self.floor(ts, self.slide);
+        let period = self.floor(ts, self.size);
         (0..)
-            .map(move |i| last - i * self.slide)
-            .take_while(move |s| *s > ts - self.size)
-            .map(move |start| TimeWindow {
-                start,
-                end: start + self.size,
+            .map(move |i| {
+                if self.cumulative {
+                    TimeWindow {
+                        start: period,
+                        end: last + (i + 1) * self.slide,
+                    }
+                } else {
+                    let start = last - i * self.slide;
+                    TimeWindow {
+                        start,
+                        end: start + self.size,
+                    }
+                }
+            })
+            .take_while(move |w| {
+                if self.cumulative {
+                    w.end <= period + self.size
+                } else {
+                    w.start > ts - self.size
+                }
             })
     }
 
     /// Whether `end` is the end of a window.
     fn is_window_end(&self, end: i64) -> bool {
-        (end - self.offset - self.size).rem_euclid(self.slide) == 0
+        if self.cumulative {
+            (end - self.offset).rem_euclid(self.slide) == 0
+        } else {
+            (end - self.offset - self.size).rem_euclid(self.slide) == 0
+        }
+    }
+
+    /// The window that ends at `end` (a window end).
+    fn window_ending(&self, end: i64) -> TimeWindow {
+        let start = if self.cumulative {
+            self.floor(end - 1, self.size)
+        } else {
+            end - self.size
+        };
+        TimeWindow { start, end }
+    }
+
+    /// The slot of window `w` when slots are windows: its start; cumulative windows, which
+    /// share their period's start: its end.
+    fn slot_of(&self, w: &TimeWindow) -> i64 {
+        if self.cumulative {
+            w.end
+        } else {
+            w.start
+        }
     }
 }
 
@@ -452,6 +538,18 @@ where
                     slide,
                     offset,
                     pane: shared.then(|| gcd(size, slide)),
+                    cumulative: false,
+                })
+            }
+            Shape::Cumulate { step, size, offset } => {
+                // A purge clears one window, but a period's windows share its panes.
+                let shared = self.spec.trigger.count.is_none() && !self.spec.trigger.purge;
+                Some(Aligned {
+                    size,
+                    slide: step,
+                    offset,
+                    pane: shared.then_some(step),
+                    cumulative: true,
                 })
             }
             Shape::Session { .. } => None,
@@ -552,7 +650,7 @@ where
         w: &TimeWindow,
     ) -> Option<A::Acc> {
         match g.pane {
-            None => slots.get(&w.start).map(|s| s.acc.clone()),
+            None => slots.get(&g.slot_of(w)).map(|s| s.acc.clone()),
             Some(_) => {
                 let mut merged: Option<A::Acc> = None;
                 for (_, s) in slots.range(w.start..w.end) {
@@ -594,7 +692,11 @@ where
         match g.pane {
             Some(pane) => {
                 let start = g.floor(ts, pane);
-                if !slots.contains_key(&start) {
+                // A cumulative period's windows over a pane cover every later pane of the
+                // period too: with an earlier pane there, their timers are registered.
+                let registered =
+                    g.cumulative && slots.range(g.floor(ts, g.size)..start).next().is_some();
+                if !registered && !slots.contains_key(&start) {
                     // A new pane: the timers of every window over it.
                     for w in live() {
                         self.window_timers(&w, ctx)?;
@@ -608,10 +710,11 @@ where
             }
             None => {
                 for w in live() {
-                    if !slots.contains_key(&w.start) {
+                    let at = g.slot_of(&w);
+                    if !slots.contains_key(&at) {
                         self.window_timers(&w, ctx)?;
                     }
-                    let slot = slots.entry(w.start).or_insert_with(|| Slot {
+                    let slot = slots.entry(at).or_insert_with(|| Slot {
                         acc: self.agg.create(),
                         count: 0,
                     });
@@ -646,7 +749,15 @@ where
     fn drop_window(g: &Aligned, slots: &mut BTreeMap<i64, Slot<A::Acc>>, w: &TimeWindow) {
         match g.pane {
             None => {
-                slots.remove(&w.start);
+                slots.remove(&g.slot_of(w));
+            }
+            Some(_) if g.cumulative => {
+                // Every window of a period covers its first pane: the panes go with the
+                // period's last window, the whole period (and with them any earlier ones).
+                if w.end - w.start == g.size {
+                    let keep = slots.split_off(&w.end);
+                    *slots = keep;
+                }
             }
             Some(_) => {
                 // Panes before the next window's start belong to no later window.
@@ -671,10 +782,7 @@ where
         let lateness = self.lateness();
         let fire_end = time + 1;
         if self.spec.trigger.count.is_none() && g.is_window_end(fire_end) {
-            let w = TimeWindow {
-                start: fire_end - g.size,
-                end: fire_end,
-            };
+            let w = g.window_ending(fire_end);
             if let Some(acc) = self.window_acc(&g, &slots, &w) {
                 self.emit(ctx, w, &acc, out)?;
             }
@@ -687,10 +795,7 @@ where
         }
         let cleanup_end = time.saturating_sub(lateness) + 1;
         if (lateness > 0 || self.spec.trigger.count.is_some()) && g.is_window_end(cleanup_end) {
-            let w = TimeWindow {
-                start: cleanup_end - g.size,
-                end: cleanup_end,
-            };
+            let w = g.window_ending(cleanup_end);
             Self::drop_window(&g, &mut slots, &w);
         }
         if slots.is_empty() {
@@ -819,7 +924,9 @@ where
 {
     fn open(&mut self, ctx: &mut KeyedContext<K>) -> TaskResult {
         match self.spec.assigner.shape {
-            Shape::Aligned { .. } => self.slots = Some(ctx.value_state("window-slots")?),
+            Shape::Aligned { .. } | Shape::Cumulate { .. } => {
+                self.slots = Some(ctx.value_state("window-slots")?)
+            }
             Shape::Session { .. } => self.sessions = Some(ctx.value_state("window-sessions")?),
         }
         Ok(())
@@ -865,7 +972,10 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap as StdHashMap;
+
     use super::*;
+    use crate::state::KeyedTableData;
 
     fn aligned(size: i64, slide: i64) -> Aligned {
         Aligned {
@@ -873,6 +983,7 @@ mod tests {
             slide,
             offset: 0,
             pane: Some(gcd(size, slide)),
+            cumulative: false,
         }
     }
 
@@ -894,6 +1005,7 @@ mod tests {
             slide: 10,
             offset: 3,
             pane: Some(10),
+            cumulative: false,
         };
         let ws: Vec<_> = g.windows_of(12).map(|w| (w.start, w.end)).collect();
         assert_eq!(ws, vec![(3, 13)]);
@@ -912,5 +1024,387 @@ mod tests {
         assert!(WindowAssigner::tumbling(Duration::from_secs(1))
             .validate()
             .is_ok());
+    }
+
+    #[test]
+    fn cumulative_windows_of_a_timestamp() {
+        let a = WindowAssigner::cumulative(Duration::from_millis(2), Duration::from_millis(10));
+        assert_eq!(a.cumulative_geometry(), Some((2, 10, 0)));
+        assert_eq!(a.aligned_geometry(), None);
+        let g = Aligned {
+            size: 10,
+            slide: 2,
+            offset: 0,
+            pane: Some(2),
+            cumulative: true,
+        };
+        let ws: Vec<_> = g.windows_of(5).map(|w| (w.start, w.end)).collect();
+        assert_eq!(ws, vec![(0, 6), (0, 8), (0, 10)]);
+        let ws: Vec<_> = g.windows_of(0).map(|w| (w.start, w.end)).collect();
+        assert_eq!(ws, vec![(0, 2), (0, 4), (0, 6), (0, 8), (0, 10)]);
+        let ws: Vec<_> = g.windows_of(-1).map(|w| (w.start, w.end)).collect();
+        assert_eq!(ws, vec![(-10, 0)]);
+        assert!(g.is_window_end(2) && g.is_window_end(10) && !g.is_window_end(3));
+        assert_eq!(g.window_ending(6), TimeWindow { start: 0, end: 6 });
+        assert_eq!(g.window_ending(10), TimeWindow { start: 0, end: 10 });
+        assert_eq!(g.window_ending(12), TimeWindow { start: 10, end: 12 });
+        // Offsets shift the periods, modulo the max size.
+        let shifted = a.with_offset(Duration::from_millis(13));
+        assert_eq!(shifted.cumulative_geometry(), Some((2, 10, 3)));
+        let g = Aligned { offset: 3, ..g };
+        let ws: Vec<_> = g.windows_of(12).map(|w| (w.start, w.end)).collect();
+        assert_eq!(ws, vec![(3, 13)]);
+        let ws: Vec<_> = g.windows_of(2).map(|w| (w.start, w.end)).collect();
+        assert_eq!(ws, vec![(-7, 3)]);
+        assert!(g.is_window_end(5) && !g.is_window_end(4));
+        assert_eq!(g.window_ending(13), TimeWindow { start: 3, end: 13 });
+    }
+
+    #[test]
+    fn a_cumulative_max_size_that_is_no_multiple_of_the_step_is_refused() {
+        let ms = Duration::from_millis;
+        let e = WindowAssigner::cumulative(ms(3), ms(10))
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "a cumulate window's max size (10 ms) must be a multiple of its step (3 ms)"
+        );
+        assert!(WindowAssigner::cumulative(ms(0), ms(10))
+            .validate()
+            .is_err());
+        assert!(WindowAssigner::cumulative(ms(20), ms(10))
+            .validate()
+            .is_err());
+        assert!(WindowAssigner::cumulative(ms(2), ms(10)).validate().is_ok());
+        assert!(WindowAssigner::cumulative(ms(10), ms(10))
+            .validate()
+            .is_ok());
+    }
+
+    /// A record: key, event time (ms), value.
+    type Rec = (u64, i64, u64);
+    /// A result: key, window start, window end, sum and count of the values.
+    type Row = (u64, i64, i64, u64, u64);
+    /// Results and late records, each with the index of the event that made it, sorted.
+    type Outcome = (Vec<(usize, Row)>, Vec<(usize, Rec)>);
+
+    #[derive(Clone)]
+    struct SumCount;
+
+    impl AggregateFunction<Rec, (u64, u64)> for SumCount {
+        type Acc = (u64, u64);
+        fn create(&self) -> (u64, u64) {
+            (0, 0)
+        }
+        fn add(&self, acc: &mut (u64, u64), r: Rec) {
+            acc.0 += r.2;
+            acc.1 += 1;
+        }
+        fn merge(&self, acc: &mut (u64, u64), o: &(u64, u64)) {
+            acc.0 += o.0;
+            acc.1 += o.1;
+        }
+        fn result(&self, acc: &(u64, u64)) -> (u64, u64) {
+            *acc
+        }
+    }
+
+    type ToRow = fn(&u64, TimeWindow, (u64, u64), &mut Collector<Row>);
+
+    fn to_row(k: &u64, w: TimeWindow, r: (u64, u64), out: &mut Collector<Row>) {
+        out.collect((*k, w.start, w.end, r.0, r.1));
+    }
+
+    /// What a test feeds the window function: a record or a watermark.
+    #[derive(Debug, Clone, Copy)]
+    enum Ev {
+        Record(Rec),
+        Watermark(i64),
+    }
+
+    /// A window function run as the keyed operator runs it, in one subtask, collecting its
+    /// output with the index of the event that made it.
+    struct Harness {
+        spec: WindowSpec,
+        f: WindowFunction<u64, Rec, (u64, u64), Row, SumCount, ToRow, WithLate>,
+        ctx: KeyedContext<u64>,
+        out: Vec<(usize, WindowOutput<Row, Rec>)>,
+        /// The most panes (slots) a key held after a record.
+        most_slots: usize,
+    }
+
+    impl Harness {
+        fn new(spec: WindowSpec) -> Self {
+            Self::restored(spec, StdHashMap::new())
+        }
+
+        fn restored(spec: WindowSpec, tables: StdHashMap<String, KeyedTableData>) -> Self {
+            let mut ctx = KeyedContext::new(0, 1, 128, tables);
+            ctx.check_restored().unwrap();
+            let mut f = WindowFunction::new(spec, SumCount, to_row as ToRow);
+            f.open(&mut ctx).unwrap();
+            Harness {
+                spec,
+                f,
+                ctx,
+                out: Vec::new(),
+                most_slots: 0,
+            }
+        }
+
+        fn event(&mut self, i: usize, ev: Ev) {
+            let mut out = Vec::new();
+            let mut c = Collector::new(&mut out);
+            match ev {
+                Ev::Record(r) => {
+                    self.ctx.set_current_key(r.0);
+                    self.ctx.set_timestamp(Some(r.1));
+                    self.f.process(r, &mut self.ctx, &mut c).unwrap();
+                    let slots = self.f.slots().unwrap().clone();
+                    let held = slots.value(&mut self.ctx).unwrap().map_or(0, |s| s.len());
+                    self.most_slots = self.most_slots.max(held);
+                }
+                Ev::Watermark(wm) => {
+                    self.ctx.set_watermark(wm);
+                    while let Some(t) = self.ctx.next_due_timer(TimeDomain::EventTime, wm).unwrap()
+                    {
+                        self.f
+                            .on_timer(t, TimeDomain::EventTime, &mut self.ctx, &mut c)
+                            .unwrap();
+                    }
+                }
+            }
+            self.out.extend(out.into_iter().map(|o| (i, o)));
+        }
+
+        /// A checkpoint of the state and timers, restored into a new function and context
+        /// (which then get the watermark again, as after a restart).
+        fn snapshot_and_restore(self) -> Self {
+            let Harness {
+                spec,
+                mut ctx,
+                out,
+                most_slots,
+                ..
+            } = self;
+            let data = ctx.snapshot("window").unwrap().finish().unwrap();
+            let tables = data
+                .keyed
+                .into_iter()
+                .map(|t| (t.name.clone(), t))
+                .collect();
+            let mut again = Harness::restored(spec, tables);
+            again.ctx.set_watermark(ctx.current_watermark());
+            again.out = out;
+            again.most_slots = most_slots;
+            again
+        }
+
+        /// Results and late records, sorted.
+        fn sorted(&self) -> Outcome {
+            let mut results = Vec::new();
+            let mut late = Vec::new();
+            for (i, o) in &self.out {
+                match o {
+                    WindowOutput::Result(r) => results.push((*i, *r)),
+                    WindowOutput::Late(r) => late.push((*i, *r)),
+                }
+            }
+            results.sort_unstable();
+            late.sort_unstable();
+            (results, late)
+        }
+
+        /// Whether no state and no timer is left.
+        fn empty(&mut self) -> bool {
+            self.ctx.entries() == 0 && self.ctx.timers().queue(TimeDomain::EventTime).is_empty()
+        }
+    }
+
+    /// The reference: each window of each key on its own, as the definition has them. A
+    /// record goes to each window of its period that ends after it and is not dropped yet
+    /// (the watermark did not pass its end - 1 + lateness); a window fires when the watermark
+    /// passes its end - 1, and again per record that comes after that (within the lateness);
+    /// a count trigger fires every `count` records of a window instead; a purge clears a
+    /// window when it fires. A record without a window left is late.
+    fn reference(
+        events: &[Ev],
+        (step, size, offset): (i64, i64, i64),
+        lateness: i64,
+        trigger: Trigger,
+    ) -> Outcome {
+        // (key, start, end) -> (sum, count, records since the last count firing)
+        let mut windows: BTreeMap<(u64, i64, i64), (u64, u64, u64)> = BTreeMap::new();
+        let mut results = Vec::new();
+        let mut late = Vec::new();
+        let mut wm = i64::MIN;
+        for (i, ev) in events.iter().enumerate() {
+            match *ev {
+                Ev::Record((k, ts, v)) => {
+                    let period = ts - (ts - offset).rem_euclid(size);
+                    let mut any = false;
+                    for n in 1..=size / step {
+                        let end = period + n * step;
+                        if end <= ts || end - 1 + lateness <= wm {
+                            continue;
+                        }
+                        any = true;
+                        let w = windows.entry((k, period, end)).or_default();
+                        w.0 += v;
+                        w.1 += 1;
+                        w.2 += 1;
+                        let fire = match trigger.count {
+                            Some(c) => w.2 >= c,
+                            None => end - 1 <= wm,
+                        };
+                        if fire {
+                            w.2 = 0;
+                            results.push((i, (k, period, end, w.0, w.1)));
+                            if trigger.purge {
+                                (w.0, w.1) = (0, 0);
+                            }
+                        }
+                    }
+                    if !any {
+                        late.push((i, (k, ts, v)));
+                    }
+                }
+                Ev::Watermark(next) if next > wm => {
+                    for (&(k, start, end), w) in windows.iter_mut() {
+                        let due = wm < end - 1 && end - 1 <= next;
+                        if due && trigger.count.is_none() && w.1 > 0 {
+                            results.push((i, (k, start, end, w.0, w.1)));
+                            if trigger.purge {
+                                (w.0, w.1) = (0, 0);
+                            }
+                        }
+                    }
+                    windows.retain(|&(_, _, end), _| end - 1 + lateness > next);
+                    wm = next;
+                }
+                Ev::Watermark(_) => {}
+            }
+        }
+        results.sort_unstable();
+        late.sort_unstable();
+        (results, late)
+    }
+
+    /// `n` records of 5 keys, about 3 ms apart, each up to `jitter` ms earlier than that;
+    /// after each, the watermark `delay` behind the latest time so far.
+    fn out_of_order(n: u64, jitter: u64, delay: i64) -> Vec<Ev> {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut events = Vec::new();
+        let mut latest = i64::MIN;
+        for i in 0..n {
+            let ts = 1_000 + 3 * i as i64 - (next() % jitter) as i64;
+            events.push(Ev::Record((next() % 5, ts, i)));
+            latest = latest.max(ts);
+            events.push(Ev::Watermark(latest - delay));
+        }
+        events.push(Ev::Watermark(i64::MAX));
+        events
+    }
+
+    fn spec(assigner: WindowAssigner, trigger: Trigger, lateness: i64) -> WindowSpec {
+        WindowSpec {
+            assigner,
+            trigger,
+            allowed_lateness: lateness,
+        }
+    }
+
+    /// Runs `events` through a window function of `spec`, restored from a checkpoint every
+    /// `restore_every` events (0: never); every key's state and timers must be gone at the end.
+    fn run(spec: WindowSpec, events: &[Ev], restore_every: usize) -> Harness {
+        let mut h = Harness::new(spec);
+        for (i, ev) in events.iter().enumerate() {
+            if restore_every > 0 && i > 0 && i % restore_every == 0 {
+                h = h.snapshot_and_restore();
+            }
+            h.event(i, *ev);
+        }
+        assert!(h.empty(), "state or timers left after the last watermark");
+        h
+    }
+
+    #[test]
+    fn cumulative_windows_out_of_order_within_the_delay_match_the_reference() {
+        let ms = Duration::from_millis;
+        let events = out_of_order(4_000, 50, 60);
+        for offset in [0, 30] {
+            let assigner = WindowAssigner::cumulative(ms(20), ms(100)).with_offset(ms(offset));
+            let geometry = assigner.cumulative_geometry().unwrap();
+            let h = run(spec(assigner, Trigger::default_for_time(), 0), &events, 0);
+            let expected = reference(&events, geometry, 0, Trigger::default_for_time());
+            assert!(expected.1.is_empty(), "no record is later than the delay");
+            assert!(expected.0.len() > 1_000);
+            assert_eq!(h.sorted(), expected, "offset {offset}");
+            // One pane per step of at most the two periods the delay spans, per key.
+            assert!(
+                h.most_slots > 1 && h.most_slots <= 10,
+                "{} panes",
+                h.most_slots
+            );
+        }
+    }
+
+    #[test]
+    fn cumulative_windows_with_allowed_lateness_fire_late_and_drop_what_is_later() {
+        let ms = Duration::from_millis;
+        let events = out_of_order(4_000, 200, 50);
+        let assigner = WindowAssigner::cumulative(ms(20), ms(100));
+        let geometry = assigner.cumulative_geometry().unwrap();
+        for lateness in [0, 60] {
+            let h = run(
+                spec(assigner, Trigger::default_for_time(), lateness),
+                &events,
+                0,
+            );
+            let expected = reference(&events, geometry, lateness, Trigger::default_for_time());
+            assert!(!expected.1.is_empty(), "some records are too late");
+            assert_eq!(h.sorted(), expected, "lateness {lateness}");
+        }
+        // With lateness, windows fire again: more results than windows.
+        let (results, _) = reference(&events, geometry, 60, Trigger::default_for_time());
+        let windows: std::collections::BTreeSet<_> =
+            results.iter().map(|(_, r)| (r.0, r.1, r.2)).collect();
+        assert!(results.len() > windows.len(), "no late firing");
+    }
+
+    #[test]
+    fn cumulative_windows_restored_from_checkpoints_match_the_reference() {
+        let ms = Duration::from_millis;
+        let events = out_of_order(4_000, 200, 50);
+        let assigner = WindowAssigner::cumulative(ms(20), ms(100)).with_offset(ms(7));
+        let geometry = assigner.cumulative_geometry().unwrap();
+        let trigger = Trigger::default_for_time();
+        let h = run(spec(assigner, trigger, 60), &events, 997);
+        assert_eq!(h.sorted(), reference(&events, geometry, 60, trigger));
+    }
+
+    #[test]
+    fn cumulative_windows_with_count_and_purging_triggers_match_the_reference() {
+        let ms = Duration::from_millis;
+        let events = out_of_order(3_000, 200, 50);
+        let assigner = WindowAssigner::cumulative(ms(20), ms(100));
+        let geometry = assigner.cumulative_geometry().unwrap();
+        for trigger in [
+            Trigger::count(3),
+            Trigger::purging(Trigger::count(3)),
+            Trigger::purging(Trigger::default_for_time()),
+        ] {
+            let h = run(spec(assigner, trigger, 60), &events, 499);
+            let expected = reference(&events, geometry, 60, trigger);
+            assert!(!expected.0.is_empty());
+            assert_eq!(h.sorted(), expected, "{trigger:?}");
+        }
     }
 }
