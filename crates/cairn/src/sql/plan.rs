@@ -178,7 +178,9 @@ fn time_bounds(parts: &[Expr], left: &Rel, right: &Rel) -> Option<TimeBounds> {
         } else {
             &right.columns[i - split]
         };
-        c.time == Time::Rowtime
+        // A window's end bounds its rows as event time does (they all come before the
+        // watermark passes it), a little later, which only keeps rows a little longer.
+        matches!(c.time, Time::Rowtime | Time::WindowEnd)
     };
     let (mut columns, mut lower, mut upper) = (None, None::<i64>, None::<i64>);
     for c in parts {
