@@ -5,8 +5,8 @@
 //! (`ddl.sql` with the events and rate set, then the query) over the same events (`--events`,
 //! the generator's default rate, one seed), exactly-once checkpoints as `--suite nexmark`
 //! takes them, output discarded (`--discard`; the script's blackhole sink), alternating, best
-//! of `--repeat` each. Prints events/s of each (events the sources read / the job's own run
-//! time) and the ratio SQL / Rust, whose target is 0.80 at least.
+//! of `--repeat` each. Prints events/s of each (the query's events / the job's own run time)
+//! and the ratio SQL / Rust, whose target is 0.80 at least.
 
 use std::path::Path;
 
@@ -81,7 +81,7 @@ pub(super) fn run(args: &BenchArgs, exe: &Path, scratch: &Path) -> Result<()> {
         "nexmark queries as SQL scripts (sql/nexmark) vs the nexmark job: --events {events}, {rate} events/s of event time, --seed {SEED}, output discarded (SQL: the blackhole sink), exactly-once checkpoints every {NEXMARK_CHECKPOINT_INTERVAL} into a temporary directory, alternating, best of {repeat}; {cores} cores available"
     );
     println!(
-        "events/s: events the sources read / the job's own run time; SQL/Rust: SQL's events/s / the nexmark job's (target: at least {TARGET:.2})"
+        "events/s: the query's --events / the job's own run time; SQL/Rust: SQL's events/s / the nexmark job's (target: at least {TARGET:.2})"
     );
     let header = format!(
         "{:<5}  {:>3}  {:>8}  {:>13}  {:>12}  {:>8}  {:>13}  {:>12}",
