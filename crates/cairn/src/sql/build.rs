@@ -979,12 +979,13 @@ impl JoinFn {
                     continue;
                 }
             }
-            for _ in 0..*n {
+            for _ in 1..*n {
                 out.collect(Row {
                     kind,
                     values: values.clone(),
                 });
             }
+            out.collect(Row { kind, values });
             total += *n;
             if self.preserves[other] {
                 matches.push((o.clone(), *n));
@@ -1106,6 +1107,18 @@ impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
     }
 }
 
+/// The value state `name`, expiring after `ttl` (`table.exec.state.ttl`) if there is one.
+pub(super) fn value_state<T: crate::state::StateValue>(
+    ctx: &mut KeyedContext<Vec<Value>>,
+    name: &str,
+    ttl: Option<Duration>,
+) -> TaskResult<ValueState<T>> {
+    match ttl {
+        Some(t) => ctx.value_state_with_ttl(name, StateTtlConfig::new(t)),
+        None => ctx.value_state(name),
+    }
+}
+
 /// Registers the timer that drops the current key's state once the watermark has passed the
 /// window that ends at `end` (a [`Time::WindowEnd`] value): no row of that window comes after.
 pub(super) fn expire_with_window(end: &Value, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
@@ -1142,10 +1155,7 @@ const GROUP_STATE: &str = "sql.group";
 
 impl KeyedProcessFunction<Vec<Value>, Row, Row> for GroupAggFn {
     fn open(&mut self, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
-        self.state = Some(match self.ttl {
-            Some(t) => ctx.value_state_with_ttl(GROUP_STATE, StateTtlConfig::new(t))?,
-            None => ctx.value_state(GROUP_STATE)?,
-        });
+        self.state = Some(value_state(ctx, GROUP_STATE, self.ttl)?);
         Ok(())
     }
 

@@ -1418,34 +1418,14 @@ fn outer_on(rel: Rel, on: Expr) -> Rel {
     };
     let split = left.columns.len();
     let [keep_left, keep_right] = kind.preserves();
-    let mut parts = Vec::new();
-    conjuncts(on, &mut parts);
-    let (mut on_left, mut on_right, mut rest) = (Vec::new(), Vec::new(), Vec::new());
-    for c in parts {
-        if let Some(pair) = key_pair(&c, &rel.columns, split) {
-            keys.push(pair);
-            continue;
-        }
-        let cols = c.columns();
-        if !cols.is_empty() && cols.iter().all(|&i| i < split) && !keep_left {
-            on_left.push(c);
-        } else if !cols.is_empty() && cols.iter().all(|&i| i >= split) && !keep_right {
-            let shift: Vec<Expr> = (0..rel.columns.len())
-                .map(|i| Expr::Col(i.saturating_sub(split)))
-                .collect();
-            on_right.push(c.substitute(&shift));
-        } else {
-            rest.push(c);
-        }
-    }
-    let left = match and_all(on_left) {
-        Some(f) => filtered(*left, f),
-        None => *left,
-    };
-    let right = match and_all(on_right) {
-        Some(f) => filtered(*right, f),
-        None => *right,
-    };
+    let ([on_left, on_right], rest) = place_conjuncts(
+        on,
+        &rel.columns,
+        split,
+        [!keep_left, !keep_right],
+        &mut keys,
+    );
+    let (left, right) = (filter_side(*left, on_left), filter_side(*right, on_right));
     let bounds = time_bounds(&rest, &left, &right);
     Rel {
         node: Node::Join {
@@ -1461,8 +1441,49 @@ fn outer_on(rel: Rel, on: Expr) -> Rel {
     }
 }
 
+/// Where the conjuncts of a join's `condition` go: an equality of a left and a right column
+/// into `keys`; a conjunct of one side's columns into that side's filter (over its own
+/// columns), where `may_filter` allows it; the rest is returned.
+fn place_conjuncts(
+    condition: Expr,
+    columns: &[Column],
+    split: usize,
+    may_filter: [bool; 2],
+    keys: &mut Vec<(usize, usize)>,
+) -> ([Option<Expr>; 2], Vec<Expr>) {
+    let mut parts = Vec::new();
+    conjuncts(condition, &mut parts);
+    let (mut on_left, mut on_right, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    for c in parts {
+        if let Some(pair) = key_pair(&c, columns, split) {
+            keys.push(pair);
+            continue;
+        }
+        let cols = c.columns();
+        if !cols.is_empty() && cols.iter().all(|&i| i < split) && may_filter[0] {
+            on_left.push(c);
+        } else if !cols.is_empty() && cols.iter().all(|&i| i >= split) && may_filter[1] {
+            let shift: Vec<Expr> = (0..columns.len())
+                .map(|i| Expr::Col(i.saturating_sub(split)))
+                .collect();
+            on_right.push(c.substitute(&shift));
+        } else {
+            rest.push(c);
+        }
+    }
+    ([and_all(on_left), and_all(on_right)], rest)
+}
+
+/// A join's input, filtered by `filter` if there is one.
+fn filter_side(rel: Rel, filter: Option<Expr>) -> Rel {
+    match filter {
+        Some(f) => filtered(rel, f),
+        None => rel,
+    }
+}
+
 /// `a AND b AND …` of `parts`, if there are any.
-fn and_all(parts: Vec<Expr>) -> Option<Expr> {
+pub(super) fn and_all(parts: Vec<Expr>) -> Option<Expr> {
     parts
         .into_iter()
         .reduce(|a, b| Expr::Bin(BinOp::And, Box::new(a), Box::new(b), SqlType::Boolean))
@@ -1517,34 +1538,9 @@ fn filtered(rel: Rel, condition: Expr) -> Rel {
         return calc(rel, Some(condition), project, columns);
     };
     let split = left.columns.len();
-    let mut parts = Vec::new();
-    conjuncts(condition, &mut parts);
-    let (mut on_left, mut on_right, mut rest) = (Vec::new(), Vec::new(), Vec::new());
-    for c in parts {
-        if let Some(pair) = key_pair(&c, &rel.columns, split) {
-            keys.push(pair);
-            continue;
-        }
-        let cols = c.columns();
-        if !cols.is_empty() && cols.iter().all(|&i| i < split) {
-            on_left.push(c);
-        } else if !cols.is_empty() && cols.iter().all(|&i| i >= split) {
-            let shift: Vec<Expr> = (0..rel.columns.len())
-                .map(|i| Expr::Col(i.saturating_sub(split)))
-                .collect();
-            on_right.push(c.substitute(&shift));
-        } else {
-            rest.push(c);
-        }
-    }
-    let left = match and_all(on_left) {
-        Some(f) => filtered(*left, f),
-        None => *left,
-    };
-    let right = match and_all(on_right) {
-        Some(f) => filtered(*right, f),
-        None => *right,
-    };
+    let ([on_left, on_right], rest) =
+        place_conjuncts(condition, &rel.columns, split, [true, true], &mut keys);
+    let (left, right) = (filter_side(*left, on_left), filter_side(*right, on_right));
     // The filter after the join still checks the times; the bounds only let rows go.
     let bounds = bounds.or_else(|| time_bounds(&rest, &left, &right));
     let joined = Rel {

@@ -17,12 +17,12 @@ use sqlparser::ast::{self, Spanned};
 use sqlparser::tokenizer::Location;
 
 use super::expr::{BinOp, Expr};
-use super::plan::{bind_expr, Column, Node, Rel, Scope, Time};
+use super::plan::{and_all, bind_expr, Column, Node, Rel, Scope, Time};
 use super::types::{Row, RowKind, SqlType, Value};
 use super::SqlError;
 use crate::api::{Collector, KeyedProcessFunction};
 use crate::error::TaskResult;
-use crate::state::{KeyedContext, StateTtlConfig, TimeDomain, ValueState};
+use crate::state::{KeyedContext, TimeDomain, ValueState};
 
 type Result<T> = std::result::Result<T, SqlError>;
 
@@ -186,10 +186,7 @@ pub(super) fn push_filter(mut rel: Rel, filter: Expr) -> Result<(Rel, Option<Exp
     let Some(end) = end else {
         // No bound on the row number: the filter stays a filter, and the unbounded rank is
         // refused when it is built.
-        let filter = rest
-            .into_iter()
-            .reduce(|a, b| Expr::Bin(BinOp::And, Box::new(a), Box::new(b), SqlType::Boolean));
-        return Ok((rel, filter));
+        return Ok((rel, and_all(rest)));
     };
     let ranked: &mut Rel = match &mut rel.node {
         Node::Calc { input, .. } => input,
@@ -208,10 +205,7 @@ pub(super) fn push_filter(mut rel: Rel, filter: Expr) -> Result<(Rel, Option<Exp
     let updating = !appends_only(ranked);
     ranked.updating = updating;
     rel.updating = updating;
-    let filter = rest
-        .into_iter()
-        .reduce(|a, b| Expr::Bin(BinOp::And, Box::new(a), Box::new(b), SqlType::Boolean));
-    Ok((rel, filter))
+    Ok((rel, and_all(rest)))
 }
 
 /// `rn op k` (or `k op rn`, turned around) with an integer `k`.
@@ -317,10 +311,7 @@ fn ranked(values: &[Value], rank: usize, kind: RowKind) -> Row {
 
 impl KeyedProcessFunction<Vec<Value>, Row, Row> for RankFn {
     fn open(&mut self, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
-        self.state = Some(match self.ttl {
-            Some(t) => ctx.value_state_with_ttl(RANK_STATE, StateTtlConfig::new(t))?,
-            None => ctx.value_state(RANK_STATE)?,
-        });
+        self.state = Some(super::build::value_state(ctx, RANK_STATE, self.ttl)?);
         Ok(())
     }
 
