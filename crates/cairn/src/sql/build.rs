@@ -21,7 +21,9 @@ use super::agg::{Acc, AggCall};
 use super::connectors;
 use super::expr::Expr;
 use super::parse::{parse_script, Insert, Statement};
-use super::plan::{coerce, plan_query, Catalog, JoinKind, Node, Rel, Time, TimeBounds, WindowKind};
+use super::plan::{
+    self, coerce, plan_query, Catalog, JoinKind, Node, Rel, Time, TimeBounds, WindowKind,
+};
 use super::rank;
 use super::types::{Row, RowKind, Value};
 use super::SqlError;
@@ -240,16 +242,7 @@ impl Builder<'_> {
         }
         let mut rel = rel;
         if cast {
-            let updating = rel.updating;
-            rel = Rel {
-                node: Node::Calc {
-                    input: Box::new(rel),
-                    filter: None,
-                    project,
-                },
-                columns: target.to_vec(),
-                updating,
-            };
+            rel = plan::calc(rel, None, project, target.to_vec());
         }
         let updating = rel.updating;
         let name = table.def.name.clone();
@@ -297,46 +290,61 @@ impl Builder<'_> {
         }
     }
 
+    /// A source reading `table`; `filter` is the condition its rows meet next, if any.
+    fn scan(
+        &mut self,
+        table: &Arc<super::plan::Table>,
+        prefix: &str,
+        filter: Option<&Expr>,
+    ) -> Result<(Built, String)> {
+        let d = digest(
+            &format!("scan {} {:?}", table.def.name, table.def.options),
+            &[],
+        );
+        let uid = self.unique(format!("{prefix}.source-{}-{d:08x}", table.def.name));
+        let (stream, note) = connectors::source(self.env, table, &uid, self.seed, filter)?;
+        self.records = self
+            .records
+            .zip(connectors::source_rows(table))
+            .map(|(a, b)| a + b);
+        let wm = match table.rowtime {
+            Some((c, delay)) => {
+                format!(", watermark {} - {delay} ms", table.columns[c].name)
+            }
+            None => String::new(),
+        };
+        let line = format!(
+            "source: {} ({}{}{wm}) uid={uid}",
+            table.def.name,
+            table
+                .def
+                .options
+                .get("connector")
+                .map_or("", String::as_str),
+            note.map(|n| format!(", {n}")).unwrap_or_default(),
+        );
+        Ok((Built { stream, digest: d }, line))
+    }
+
     /// Builds `rel` (and its inputs, printed indented by `depth` into the plan).
     fn build(&mut self, rel: &Rel, prefix: &str, depth: usize) -> Result<Built> {
         let (built, line) = match &rel.node {
-            Node::Scan(table) => {
-                let d = digest(
-                    &format!("scan {} {:?}", table.def.name, table.def.options),
-                    &[],
-                );
-                let uid = self.unique(format!("{prefix}.source-{}-{d:08x}", table.def.name));
-                let stream = connectors::source(self.env, table, &uid, self.seed)?;
-                self.records = self
-                    .records
-                    .zip(connectors::source_rows(table))
-                    .map(|(a, b)| a + b);
-                let wm = match table.rowtime {
-                    Some((c, delay)) => {
-                        format!(", watermark {} - {delay} ms", table.columns[c].name)
-                    }
-                    None => String::new(),
-                };
-                (
-                    Built { stream, digest: d },
-                    format!(
-                        "source: {} ({}{wm}) uid={uid}",
-                        table.def.name,
-                        table
-                            .def
-                            .options
-                            .get("connector")
-                            .map_or("", String::as_str)
-                    ),
-                )
-            }
+            Node::Scan(table) => self.scan(table, prefix, None)?,
             Node::Calc {
                 input,
                 filter,
                 project,
             } => {
                 let mark = self.plan.len();
-                let inner = self.build(input, prefix, depth + 1)?;
+                let inner = match &input.node {
+                    // The source may skip rows the filter rejects.
+                    Node::Scan(table) => {
+                        let (built, line) = self.scan(table, prefix, filter.as_ref())?;
+                        let _ = writeln!(self.plan, "{}{line}", "  ".repeat(depth + 1));
+                        built
+                    }
+                    _ => self.build(input, prefix, depth + 1)?,
+                };
                 let text = format!("calc filter={filter:?} project={project:?}");
                 let d = digest(&text, &[inner.digest]);
                 let uid = self.unique(format!("{prefix}.calc-{d:08x}"));
@@ -345,6 +353,7 @@ impl Builder<'_> {
                     filter: filter.clone(),
                     project: Arc::new(project.clone()),
                     moves: Arc::new(moves(project)),
+                    scratch: Vec::new(),
                 };
                 let mut stream = inner.stream.process(f).uid(&uid).name("calc");
                 if let Some(t) = rowtime {
@@ -627,13 +636,13 @@ impl Builder<'_> {
                 let d = digest(&text, &[inner.digest]);
                 let uid = self.unique(format!("{prefix}.group-{d:08x}"));
                 let k = *keys;
-                let expire = input.columns[..k]
-                    .iter()
-                    .position(|c| c.time == Time::WindowEnd);
+                let expire = plan::window_end_key(input, k);
+                let at_end = plan::final_at_window_end(input, k).is_some();
                 let f = GroupAggFn {
                     aggs: Arc::new(aggs.clone()),
                     keys: k,
                     expire,
+                    at_end,
                     retracting: input.updating,
                     ttl: self.ttl,
                     state: None,
@@ -650,12 +659,20 @@ impl Builder<'_> {
                     .ttl
                     .map(|t| format!(", ttl {} ms", t.as_millis()))
                     .unwrap_or_default();
-                let line = format!(
-                    "group aggregate (changelog): key=[{}] aggregates={} state=accumulators and last result per key{}{ttl} uid={uid}",
-                    key_names.join(", "),
-                    aggs_text(aggs),
-                    if expire.is_some() { ", freed at the window's end" } else { "" },
-                );
+                let line = if at_end {
+                    format!(
+                        "group aggregate (append-only, one row per group at its window's end): key=[{}] aggregates={} state=accumulators per key{ttl} uid={uid}",
+                        key_names.join(", "),
+                        aggs_text(aggs),
+                    )
+                } else {
+                    format!(
+                        "group aggregate (changelog): key=[{}] aggregates={} state=accumulators and last result per key{}{ttl} uid={uid}",
+                        key_names.join(", "),
+                        aggs_text(aggs),
+                        if expire.is_some() { ", freed at the window's end" } else { "" },
+                    )
+                };
                 self.plan
                     .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
                 return Ok(Built { stream, digest: d });
@@ -767,6 +784,9 @@ struct CalcFn {
     filter: Option<Expr>,
     project: Arc<Vec<Expr>>,
     moves: Arc<Vec<bool>>,
+    /// The row being made, before it takes the place of the input's values (whose
+    /// allocation it reuses).
+    scratch: Vec<Value>,
 }
 
 fn eval_err(m: String) -> TaskError {
@@ -785,7 +805,8 @@ impl ProcessFunction<Row, Row> for CalcFn {
                 return Ok(());
             }
         }
-        let mut values = Vec::with_capacity(self.project.len());
+        let mut values = std::mem::take(&mut self.scratch);
+        values.clear();
         // Computed projections first: they read the row before columns move out of it.
         for (e, m) in self.project.iter().zip(self.moves.iter()) {
             values.push(if *m {
@@ -817,10 +838,11 @@ impl ProcessFunction<Row, Row> for CalcFn {
                 _ => {}
             }
         }
-        out.collect(Row {
-            kind: row.kind,
-            values,
-        });
+        // The output row lives in the input's allocation; the scratch keeps its own.
+        row.values.clear();
+        row.values.append(&mut values);
+        self.scratch = values;
+        out.collect(row);
         Ok(())
     }
 }
@@ -1146,6 +1168,9 @@ struct GroupAggFn {
     /// The key column that is a window's end, if one is: a group is dropped when the
     /// watermark passes its window.
     expire: Option<usize>,
+    /// Whether a group's one final row is emitted then, rather than a changelog as rows come
+    /// (an append-only input grouped by a window's end).
+    at_end: bool,
     retracting: bool,
     ttl: Option<Duration>,
     state: Option<ValueState<GroupState>>,
@@ -1189,6 +1214,9 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for GroupAggFn {
             a.accumulate(acc, &row.values, sign).map_err(eval_err)?;
         }
         group.rows += sign;
+        if self.at_end {
+            return Ok(());
+        }
         if group.rows <= 0 {
             if let Some(last) = group.last.take() {
                 out.collect(Row {
@@ -1198,10 +1226,7 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for GroupAggFn {
             }
             return state.clear(ctx);
         }
-        let mut result: Vec<Value> = row.values[..self.keys].to_vec();
-        for (a, acc) in aggs.iter().zip(&group.accs) {
-            result.push(a.result(acc).map_err(eval_err)?);
-        }
+        let result = group_result(aggs, &group.accs, &row.values[..self.keys])?;
         if group.last.as_ref() == Some(&result) {
             return Ok(());
         }
@@ -1226,13 +1251,28 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for GroupAggFn {
         _time: i64,
         _domain: TimeDomain,
         ctx: &mut KeyedContext<Vec<Value>>,
-        _out: &mut Collector<Row>,
+        out: &mut Collector<Row>,
     ) -> TaskResult {
-        match &self.state {
-            Some(state) => state.clear(ctx),
-            None => Ok(()),
+        let Some(state) = &self.state else {
+            return Ok(());
+        };
+        if self.at_end {
+            let keys = ctx.current_key().cloned().unwrap_or_default();
+            if let Some(group) = state.value(ctx)? {
+                out.collect(Row::insert(group_result(&self.aggs, &group.accs, &keys)?));
+            }
         }
+        state.clear(ctx)
     }
+}
+
+/// A group's result row: its keys, then its aggregates' results.
+fn group_result(aggs: &[AggCall], accs: &[Acc], keys: &[Value]) -> TaskResult<Vec<Value>> {
+    let mut result = keys.to_vec();
+    for (a, acc) in aggs.iter().zip(accs) {
+        result.push(a.result(acc).map_err(eval_err)?);
+    }
+    Ok(result)
 }
 
 #[cfg(test)]
@@ -1263,22 +1303,31 @@ mod tests {
             filter: None,
             project: Arc::new(vec![field(1, 1), field(1, 0), field(1, 1), Expr::Col(0)]),
             moves: Arc::new(Vec::new()),
+            scratch: Vec::new(),
         };
         calc.moves = Arc::new(moves(&calc.project));
-        let nested = Value::Row(vec![Value::Int(7), Value::Str("x".into())].into());
-        let row = Row::insert(vec![Value::Int(1), nested]);
+        let row = |i: i64, s: &str| {
+            let nested = Value::Row(vec![Value::Int(7 * i), Value::Str(s.into())].into());
+            Row::insert(vec![Value::Int(i), nested])
+        };
         let mut out = Vec::new();
         let mut collector = Collector::new(&mut out);
         let mut store = OperatorStateStore::new(0, 1, Default::default());
-        calc.process(row, &mut store, &mut collector).unwrap();
-        assert_eq!(
-            out[0].values,
+        // Two rows: the second is made in the scratch the first left behind.
+        calc.process(row(1, "x"), &mut store, &mut collector)
+            .unwrap();
+        calc.process(row(2, "y"), &mut store, &mut collector)
+            .unwrap();
+        let made = |i: i64, s: &str| {
             vec![
-                Value::Str("x".into()),
-                Value::Int(7),
-                Value::Str("x".into()),
-                Value::Int(1)
+                Value::Str(s.into()),
+                Value::Int(7 * i),
+                Value::Str(s.into()),
+                Value::Int(i),
             ]
-        );
+        };
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].values, made(1, "x"));
+        assert_eq!(out[1].values, made(2, "y"));
     }
 }

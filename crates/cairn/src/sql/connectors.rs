@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 use crate::api::{DataStream, StreamEnv, WatermarkStrategy};
 use crate::connectors::{
-    DiscardSink, FileSink, FileSource, NexmarkEvent, NexmarkGenerator, NexmarkSource, PrintSink,
-    SequenceSource,
+    DiscardSink, EventKind, FileSink, FileSource, NexmarkEvent, NexmarkGenerator, NexmarkSource,
+    PrintSink, SequenceSource,
 };
 use crate::error::{TaskError, TaskResult};
 use crate::runtime::chain::{Source, SourceReader, SourceStatus};
 
+use super::expr::{BinOp, Expr};
 use super::plan::Table;
 use super::types::{parse_timestamp, write_timestamp, Row, RowKind, SqlType, Value};
 use super::SqlError;
@@ -134,20 +135,46 @@ pub fn source_rows(table: &Table) -> Option<u64> {
 }
 
 /// Reads a table: its rows, computed columns included, with timestamps and watermarks when
-/// it declares a `WATERMARK`.
+/// it declares a `WATERMARK`. `filter`, the condition the rows meet next, lets a connector
+/// skip rows it knows fail it (the filter still runs after); the note says what it skips.
 pub fn source(
     env: &StreamEnv,
     table: &Arc<Table>,
     uid: &str,
     seed: u64,
-) -> Result<DataStream<Row>> {
+    filter: Option<&Expr>,
+) -> Result<(DataStream<Row>, Option<&'static str>)> {
     let name = connector(table)?;
     let mut options = Options::new(table);
-    match name.as_str() {
+    let stream = match name.as_str() {
         "nexmark" => {
-            let source = nexmark(table, &mut options, seed)?;
+            let only = filter.and_then(nexmark_kind);
+            let source = nexmark(table, &mut options, seed, only)?;
             options.finish("nexmark", NEXMARK_OPTIONS)?;
-            Ok(attach(env, source, table, uid))
+            let note = only.map(|kind| match kind {
+                EventKind::Person => "only persons",
+                EventKind::Auction => "only auctions",
+                EventKind::Bid => "only bids",
+            });
+            // The event type is then a constant of the computed columns (the table's
+            // `dateTime` picks the kind's own time).
+            let known = only.map(|kind| {
+                let code = match kind {
+                    EventKind::Person => 0,
+                    EventKind::Auction => 1,
+                    EventKind::Bid => 2,
+                };
+                Expr::Lit(Value::Int(code))
+            });
+            let computed = table
+                .computed
+                .iter()
+                .map(|e| match &known {
+                    Some(k) => e.replacing_col(0, k).folded(),
+                    None => e.clone(),
+                })
+                .collect();
+            return Ok((attach_computed(env, source, table, uid, computed), note));
         }
         "datagen" => {
             let source = datagen(table, &mut options)?;
@@ -184,7 +211,8 @@ pub fn source(
         }
         "kafka" | "upsert-kafka" => kafka_source(env, table, options, uid, name == "upsert-kafka"),
         _ => table_err(table, format!("connector '{name}' can only be written to")),
-    }
+    }?;
+    Ok((stream, None))
 }
 
 #[cfg(feature = "kafka")]
@@ -229,7 +257,18 @@ pub(super) fn attach(
     table: &Arc<Table>,
     uid: &str,
 ) -> DataStream<Row> {
-    let computed = Arc::new(table.computed.clone());
+    attach_computed(env, source, table, uid, table.computed.clone())
+}
+
+/// [`attach`] with the computed columns' expressions given.
+fn attach_computed(
+    env: &StreamEnv,
+    source: impl Source<Row>,
+    table: &Arc<Table>,
+    uid: &str,
+    computed: Vec<Expr>,
+) -> DataStream<Row> {
+    let computed = Arc::new(computed);
     let source = Computed {
         inner: source,
         computed,
@@ -381,10 +420,36 @@ fn nexmark_types() -> [Vec<SqlType>; 3] {
     ]
 }
 
+/// The kind of event a filter keeps, if one of its conjuncts is `event_type = K` (the
+/// nexmark table's first column).
+fn nexmark_kind(filter: &Expr) -> Option<EventKind> {
+    match filter {
+        Expr::Bin(BinOp::And, a, b, _) => nexmark_kind(a).or_else(|| nexmark_kind(b)),
+        Expr::Bin(BinOp::Eq, a, b, _) => {
+            let k = match (&**a, &**b) {
+                (Expr::Col(0), Expr::Lit(Value::Int(k)))
+                | (Expr::Lit(Value::Int(k)), Expr::Col(0)) => *k,
+                _ => return None,
+            };
+            match k {
+                0 => Some(EventKind::Person),
+                1 => Some(EventKind::Auction),
+                2 => Some(EventKind::Bid),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The nexmark table's source; with `only`, it generates the events of that kind alone (the
+/// others would fail the filter that follows). Event times grow with the event number, so
+/// the watermarks of the events it keeps let through what those of all events would.
 fn nexmark(
     table: &Table,
     options: &mut Options,
     seed: u64,
+    only: Option<EventKind>,
 ) -> Result<MapSource<NexmarkSource, NexmarkEvent>> {
     let expected = "event_type INT, person ROW<id BIGINT, name VARCHAR, emailAddress VARCHAR, creditCard VARCHAR, city VARCHAR, state VARCHAR, dateTime TIMESTAMP(3), extra VARCHAR>, auction ROW<id BIGINT, itemName VARCHAR, description VARCHAR, initialBid BIGINT, reserve BIGINT, dateTime TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, category BIGINT, extra VARCHAR>, bid ROW<auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, dateTime TIMESTAMP(3), extra VARCHAR>";
     let physical = &table.columns[..table.physical];
@@ -421,10 +486,15 @@ fn nexmark(
     if events == 0 || next == 0 {
         return table_err(table, "'events.num' and the event rate must be at least 1");
     }
-    let source = NexmarkSource::new(events, NexmarkGenerator::new(seed, next));
+    let mut source = NexmarkSource::new(events, NexmarkGenerator::new(seed, next));
+    if let Some(kind) = only {
+        source = source.only(kind);
+    }
+    // Room for the computed columns, which follow the physical ones.
+    let width = table.columns.len();
     Ok(MapSource {
         inner: source,
-        map: Arc::new(|e| Ok(nexmark_row(e))),
+        map: Arc::new(move |e| Ok(nexmark_row(e, width))),
     })
 }
 
@@ -432,8 +502,9 @@ fn s(v: compact_str::CompactString) -> Value {
     Value::Str(v)
 }
 
-fn nexmark_row(e: NexmarkEvent) -> Row {
-    let mut values = vec![Value::Null, Value::Null, Value::Null, Value::Null];
+fn nexmark_row(e: NexmarkEvent, width: usize) -> Row {
+    let mut values = Vec::with_capacity(width);
+    values.resize(4, Value::Null);
     match e {
         NexmarkEvent::Person(p) => {
             values[0] = Value::Int(0);

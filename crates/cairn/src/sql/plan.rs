@@ -104,8 +104,11 @@ pub enum Node {
         keys: usize,
         aggs: Vec<AggCall>,
     },
-    /// An updating aggregation (`GROUP BY` without a window): input columns are the keys,
-    /// then the aggregates' arguments.
+    /// An aggregation by `GROUP BY` without a window TVF: input columns are the keys, then
+    /// the aggregates' arguments. Its results update (a changelog), except over an
+    /// append-only input grouped by a window's end (an aggregation of a window
+    /// aggregation's results, as Flink cascades them): one final row per group once the
+    /// watermark passes the window, see [`final_at_window_end`].
     GroupAgg {
         input: Box<Rel>,
         keys: usize,
@@ -1996,7 +1999,12 @@ fn projection(
     Ok((project, columns))
 }
 
-fn calc(input: Rel, filter: Option<Expr>, project: Vec<Expr>, columns: Vec<Column>) -> Rel {
+pub(super) fn calc(
+    input: Rel,
+    filter: Option<Expr>,
+    project: Vec<Expr>,
+    columns: Vec<Column>,
+) -> Rel {
     let updating = input.updating;
     let identity = filter.is_none()
         && project.len() == input.columns.len()
@@ -2012,15 +2020,15 @@ fn calc(input: Rel, filter: Option<Expr>, project: Vec<Expr>, columns: Vec<Colum
         }
         return rel;
     }
-    // A calc over a calc that only picks columns and fields (a view's projection) is one
-    // calc: the outer expressions read the inner ones directly.
+    // A calc over a calc is one calc: the outer expressions read the inner ones directly,
+    // as long as no computed inner expression would then be evaluated twice per row.
     if let Node::Calc {
         input: inner,
         filter: inner_filter,
         project: inner_project,
     } = &input.node
     {
-        if inner_project.iter().all(Expr::is_simple) {
+        if fusable(inner_project, filter.as_ref(), &project) {
             let filter = match (
                 inner_filter.clone(),
                 filter.map(|f| f.substitute(inner_project)),
@@ -2049,6 +2057,40 @@ fn calc(input: Rel, filter: Option<Expr>, project: Vec<Expr>, columns: Vec<Colum
         columns,
         updating,
     }
+}
+
+/// The group key that is a window's end, if a `GROUP BY` of `input` (its first `keys`
+/// columns) has one and `input` only appends: its groups are complete when the watermark
+/// passes their window, since the rows of a window all come before that watermark.
+pub(super) fn final_at_window_end(input: &Rel, keys: usize) -> Option<usize> {
+    if input.updating {
+        return None;
+    }
+    window_end_key(input, keys)
+}
+
+/// The group key that is a window's end, if one is.
+pub(super) fn window_end_key(input: &Rel, keys: usize) -> Option<usize> {
+    input.columns[..keys]
+        .iter()
+        .position(|c| c.time == Time::WindowEnd)
+}
+
+/// Whether a calc (`filter`, `project`) over one projecting `inner` can be one calc: each
+/// inner expression that is not a plain column, field or constant is read at most once.
+fn fusable(inner: &[Expr], filter: Option<&Expr>, project: &[Expr]) -> bool {
+    let mut reads = vec![0usize; inner.len()];
+    for e in filter.into_iter().chain(project) {
+        for c in e.columns() {
+            if let Some(n) = reads.get_mut(c) {
+                *n += 1;
+            }
+        }
+    }
+    inner
+        .iter()
+        .zip(reads)
+        .all(|(e, n)| e.is_simple() || n <= 1)
 }
 
 fn collect_aggregates<'a>(e: &'a ast::Expr, out: &mut Vec<&'a ast::Function>) {
@@ -2373,6 +2415,7 @@ fn plan_aggregate(
         None => {
             let input = calc(rel, filter, input_exprs, input_cols.clone());
             let columns: Vec<Column> = input_cols[..keys].to_vec();
+            let updating = final_at_window_end(&input, keys).is_none();
             (
                 Node::GroupAgg {
                     input: Box::new(input),
@@ -2380,7 +2423,7 @@ fn plan_aggregate(
                     aggs: calls.clone(),
                 },
                 columns,
-                true,
+                updating,
             )
         }
     };
