@@ -1443,3 +1443,53 @@ fn nexmark_q15_q16_q17_report_per_day_statistics_into_the_reference_at_paralleli
     );
     assert_same("q17", &nexmark_table("q17", events, rate), &expected);
 }
+
+/// `WITH` queries are views of one statement: the same rows as with `CREATE VIEW`, a name
+/// there hiding a table, and what is not supported refused by name.
+#[test]
+fn with_queries_plan_as_views_of_their_statement() {
+    let tables = "CREATE TABLE n (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '500', 'fields.id.kind' = 'sequence', 'fields.id.start' = '0', 'rows-per-second' = '0');
+CREATE TABLE out_t (k BIGINT, c BIGINT) WITH ('connector' = 'print');
+";
+    let as_views = format!(
+        "{tables}CREATE VIEW m AS SELECT id % 7 AS k FROM n WHERE id > 10;
+CREATE VIEW big AS SELECT k FROM m WHERE k > 2;
+INSERT INTO out_t SELECT k, COUNT(*) FROM big GROUP BY k;"
+    );
+    // `n` in the second query is the first one, not the table.
+    let as_with = format!(
+        "{tables}INSERT INTO out_t
+WITH n AS (SELECT id % 7 AS k FROM n WHERE id > 10), big AS (SELECT k FROM n WHERE k > 2)
+SELECT k, COUNT(*) FROM big GROUP BY k;"
+    );
+    let expected: Vec<String> = (3..7u64)
+        .map(|k| {
+            let c = (11..500u64).filter(|id| id % 7 == k).count();
+            format!("{k}, {c}")
+        })
+        .collect();
+    for script in [as_views, as_with] {
+        let out = run_ok(&mut sql(&script, 2));
+        let got = apply_changelog(&String::from_utf8_lossy(&out.stdout));
+        assert_same("WITH", &got, &expected);
+    }
+    for (script, needles) in [
+        (
+            format!("{tables}INSERT INTO out_t WITH RECURSIVE r AS (SELECT id FROM n) SELECT id, id FROM r;"),
+            &["WITH RECURSIVE", "not supported"][..],
+        ),
+        (
+            format!("{tables}INSERT INTO out_t WITH r (a) AS (SELECT id FROM n) SELECT a, a FROM r;"),
+            &["a column list on WITH query 'r'"][..],
+        ),
+        (
+            format!("{tables}INSERT INTO out_t WITH r AS (SELECT idd FROM n) SELECT id, id FROM r;"),
+            &["column 'idd'", "line 3"][..],
+        ),
+    ] {
+        let stderr = refused(&script);
+        for needle in needles {
+            assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+        }
+    }
+}

@@ -259,12 +259,15 @@ impl JoinKind {
 }
 
 /// Tables and views by name.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Catalog {
     /// The tables.
     pub tables: BTreeMap<String, Arc<Table>>,
     /// The views' queries.
     pub views: BTreeMap<String, Box<ast::Query>>,
+    /// The queries of the `WITH` clauses around the query being planned, planned where they
+    /// stand; they hide tables and views of the same names.
+    with: BTreeMap<String, Rel>,
 }
 
 type Result<T> = std::result::Result<T, SqlError>;
@@ -1211,8 +1214,13 @@ const KNOWN_FUNCTIONS: &[&str] = &[
 /// Plans a query.
 pub fn plan_query(q: &ast::Query, catalog: &Catalog) -> Result<Rel> {
     let at = q.body.span().start;
-    if q.with.is_some() {
-        return unsupported(at, "WITH (common table expressions; use CREATE VIEW)");
+    if let Some(with) = &q.with {
+        let scoped = with_queries(with, catalog)?;
+        let body = ast::Query {
+            with: None,
+            ..q.clone()
+        };
+        return plan_query(&body, &scoped);
     }
     if q.order_by.is_some() {
         return unsupported(at, "ORDER BY in a streaming query");
@@ -1221,6 +1229,31 @@ pub fn plan_query(q: &ast::Query, catalog: &Catalog) -> Result<Rel> {
         return unsupported(at, "LIMIT/FETCH in a streaming query");
     }
     plan_set_expr(&q.body, catalog)
+}
+
+/// `catalog` with the queries of a `WITH` clause as views, each seeing those before it; a
+/// name there hides a table or view of the same name.
+fn with_queries(with: &ast::With, catalog: &Catalog) -> Result<Catalog> {
+    let at = with.with_token.0.span.start;
+    if with.recursive {
+        return unsupported(at, "WITH RECURSIVE");
+    }
+    let mut scoped = catalog.clone();
+    for cte in &with.cte_tables {
+        let name = cte.alias.name.value.clone();
+        if !cte.alias.columns.is_empty() {
+            return unsupported(
+                cte.alias.name.span.start,
+                &format!("a column list on WITH query '{name}' (name the columns in its SELECT)"),
+            );
+        }
+        let mut rel = plan_query(&cte.query, &scoped)?;
+        for c in &mut rel.columns {
+            c.qualifier = Some(name.clone());
+        }
+        scoped.with.insert(name, rel);
+    }
+    Ok(scoped)
 }
 
 fn plan_set_expr(body: &ast::SetExpr, catalog: &Catalog) -> Result<Rel> {
@@ -1619,6 +1652,9 @@ fn plan_factor(factor: &ast::TableFactor, catalog: &Catalog) -> Result<From> {
 fn plan_table_name(name: &ast::ObjectName, catalog: &Catalog) -> Result<Rel> {
     let at = name.span().start;
     let text = name.to_string().replace(['`', '"'], "");
+    if let Some(rel) = catalog.with.get(&text) {
+        return Ok(rel.clone());
+    }
     if let Some(t) = catalog.tables.get(&text) {
         return Ok(Rel {
             node: Node::Scan(t.clone()),
@@ -1627,7 +1663,16 @@ fn plan_table_name(name: &ast::ObjectName, catalog: &Catalog) -> Result<Rel> {
         });
     }
     if let Some(q) = catalog.views.get(&text) {
-        let mut rel = plan_query(q, catalog)?;
+        // A view sees the script's tables and views, not the WITH queries around its use.
+        let mut rel = if catalog.with.is_empty() {
+            plan_query(q, catalog)?
+        } else {
+            let global = Catalog {
+                with: BTreeMap::new(),
+                ..catalog.clone()
+            };
+            plan_query(q, &global)?
+        };
         for c in &mut rel.columns {
             c.qualifier = Some(text.clone());
         }
@@ -1637,6 +1682,7 @@ fn plan_table_name(name: &ast::ObjectName, catalog: &Catalog) -> Result<Rel> {
         .tables
         .keys()
         .chain(catalog.views.keys())
+        .chain(catalog.with.keys())
         .map(String::as_str);
     err(
         at,
