@@ -728,19 +728,96 @@ pub fn print_row(prefix: &str, row: &Row, out: &mut Vec<u8>) {
 
 /// The options of the `jdbc` connector.
 #[cfg(feature = "postgres")]
-const JDBC_OPTIONS: &[&str] = &["url", "table-name", "username", "password"];
+const JDBC_OPTIONS: &[&str] = &[
+    "url",
+    "table-name",
+    "username",
+    "password",
+    "sink.delivery-guarantee",
+];
 
-/// Writes `stream` into an existing PostgreSQL table (`'url' = 'jdbc:postgresql://…'`),
-/// upserting and deleting by the table's PRIMARY KEY, as Flink's JDBC sink does in upsert mode.
+/// How a `jdbc` table is written: its `sink.delivery-guarantee`.
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JdbcGuarantee {
+    /// `at-least-once` (the default): each key's latest row upserted, `-D` deleted, by the
+    /// PRIMARY KEY; a replay writes them again, so the table is exactly once by idempotence.
+    AtLeastOnce,
+    /// `exactly-once`: rows inserted in a transaction per subtask and checkpoint, prepared at
+    /// the barrier and committed when the checkpoint completes (append-only input, no key
+    /// needed).
+    ExactlyOnce,
+}
+
+/// Writes `stream` (`updating`: a changelog) into an existing PostgreSQL table
+/// (`'url' = 'jdbc:postgresql://…'`): upserting and deleting by the table's PRIMARY KEY, as
+/// Flink's JDBC sink does in upsert mode, or with `'sink.delivery-guarantee' =
+/// 'exactly-once'` appending by two-phase commit.
 #[cfg(feature = "postgres")]
 fn jdbc_sink(
     stream: DataStream<Row>,
     table: &Table,
     mut options: Options,
+    updating: bool,
     uid: &str,
 ) -> Result<()> {
-    use crate::connectors::postgres::{RowChange, TableColumn, UpsertTableSink};
-    let required = |options: &mut Options, key: &str| {
+    use crate::connectors::postgres::{TwoPhaseTableSink, UpsertTableSink};
+    let (url, name) = jdbc_target(table, &mut options)?;
+    let guarantee = jdbc_guarantee(table, &mut options)?;
+    options.finish("jdbc", JDBC_OPTIONS)?;
+    let key = jdbc_key(table)?;
+    let columns = jdbc_columns(table)?;
+    let refused = |e: String| {
+        let e = e
+            .replace("--pg-output", "'url'")
+            .replace("--pg-table", "'table-name'");
+        SqlError::at(table.def.at, format!("table '{}': {e}", table.def.name))
+    };
+    match guarantee {
+        JdbcGuarantee::AtLeastOnce => {
+            if key.is_empty() {
+                return table_err(
+                    table,
+                    "the jdbc sink needs a PRIMARY KEY (… NOT ENFORCED) to upsert by key, which makes its table exactly once, or 'sink.delivery-guarantee' = 'exactly-once' to append rows by two-phase commit; appending at least once would write rows again after a failure",
+                );
+            }
+            let sink = UpsertTableSink::new(&url, &name, columns, key, Arc::new(row_change))
+                .map_err(refused)?;
+            // An upsert by key needs no -U: the +U after it replaces the row.
+            stream
+                .filter(|r: &Row| r.kind != RowKind::UpdateBefore)
+                .uid(&format!("{uid}.upsert"))
+                .sink(sink)
+                .uid(uid);
+        }
+        JdbcGuarantee::ExactlyOnce => {
+            if updating {
+                return table_err(table, jdbc_changelog_refusal(!key.is_empty()));
+            }
+            let sink = TwoPhaseTableSink::new(&url, &name, columns, Arc::new(row_change))
+                .map_err(refused)?;
+            stream.sink(sink).uid(uid);
+        }
+    }
+    Ok(())
+}
+
+/// Why `'sink.delivery-guarantee' = 'exactly-once'` cannot take a changelog (`keyed`: the
+/// table has a PRIMARY KEY), and what to do instead.
+#[cfg(feature = "postgres")]
+fn jdbc_changelog_refusal(keyed: bool) -> &'static str {
+    if keyed {
+        "'sink.delivery-guarantee' = 'exactly-once' only appends rows (two-phase commit of inserts), and this query's result is a changelog: a prepared transaction keeps its rows locked until its checkpoint completes, so updating them in the next one would wait; leave the option out (or set 'at-least-once') to upsert by the PRIMARY KEY, which keeps the table exactly once by idempotence"
+    } else {
+        "'sink.delivery-guarantee' = 'exactly-once' only appends rows (two-phase commit of inserts), and this query's result is a changelog (updates and deletions need a key); declare a PRIMARY KEY (… NOT ENFORCED) and leave the option out to upsert by key"
+    }
+}
+
+/// The required `url` (`jdbc:postgresql://…`, made a PostgreSQL URL with `username` and
+/// `password`) and `table-name`.
+#[cfg(feature = "postgres")]
+fn jdbc_target(table: &Table, options: &mut Options) -> Result<(String, String)> {
+    let mut required = |key: &str| {
         options.take(key).ok_or_else(|| {
             SqlError::at(
                 table.def.at,
@@ -748,11 +825,7 @@ fn jdbc_sink(
             )
         })
     };
-    let url = required(&mut options, "url")?;
-    let name = required(&mut options, "table-name")?;
-    let user = options.take("username");
-    let password = options.take("password");
-    options.finish("jdbc", JDBC_OPTIONS)?;
+    let (url, name) = (required("url")?, required("table-name")?);
     let Some(rest) = url.strip_prefix("jdbc:postgresql://") else {
         return table_err(
             table,
@@ -760,23 +833,33 @@ fn jdbc_sink(
         );
     };
     let mut url = format!("postgres://{rest}");
-    let mut params = Vec::new();
-    if let Some(u) = user {
-        params.push(format!("user={u}"));
-    }
-    if let Some(p) = password {
-        params.push(format!("password={p}"));
-    }
+    let params: Vec<String> = [("user", "username"), ("password", "password")]
+        .into_iter()
+        .filter_map(|(param, option)| Some(format!("{param}={}", options.take(option)?)))
+        .collect();
     if !params.is_empty() {
         url.push(if url.contains('?') { '&' } else { '?' });
         url.push_str(&params.join("&"));
     }
-    if table.def.primary_key.is_empty() {
-        return table_err(
+    Ok((url, name))
+}
+
+/// `sink.delivery-guarantee`: `at-least-once` (the default) or `exactly-once`.
+#[cfg(feature = "postgres")]
+fn jdbc_guarantee(table: &Table, options: &mut Options) -> Result<JdbcGuarantee> {
+    match options.take("sink.delivery-guarantee").as_deref() {
+        None | Some("at-least-once") => Ok(JdbcGuarantee::AtLeastOnce),
+        Some("exactly-once") => Ok(JdbcGuarantee::ExactlyOnce),
+        Some(other) => table_err(
             table,
-            "the jdbc sink needs a PRIMARY KEY (… NOT ENFORCED): it upserts by key, which makes its table exactly once; appending without a key would write rows again after a failure",
-        );
+            format!("option 'sink.delivery-guarantee' must be 'at-least-once' (the default: upsert by PRIMARY KEY) or 'exactly-once' (append by two-phase commit), got '{other}'"),
+        ),
     }
+}
+
+/// The PostgreSQL types of the table's columns.
+#[cfg(feature = "postgres")]
+fn jdbc_columns(table: &Table) -> Result<Vec<crate::connectors::postgres::TableColumn>> {
     let mut columns = Vec::new();
     for c in &table.columns {
         let sql_type = match &c.ty {
@@ -795,12 +878,18 @@ fn jdbc_sink(
                 )
             }
         };
-        columns.push(TableColumn {
+        columns.push(crate::connectors::postgres::TableColumn {
             name: c.name.clone(),
             sql_type,
         });
     }
-    let key: Vec<usize> = table
+    Ok(columns)
+}
+
+/// The positions of the PRIMARY KEY's columns (none without one).
+#[cfg(feature = "postgres")]
+fn jdbc_key(table: &Table) -> Result<Vec<usize>> {
+    table
         .def
         .primary_key
         .iter()
@@ -819,8 +908,13 @@ fn jdbc_sink(
                     )
                 })
         })
-        .collect::<Result<_>>()?;
-    let change_of = Arc::new(|row: &Row| RowChange {
+        .collect()
+}
+
+/// A row as the change the PostgreSQL table sinks write: its values as text.
+#[cfg(feature = "postgres")]
+fn row_change(row: &Row) -> crate::connectors::postgres::RowChange {
+    crate::connectors::postgres::RowChange {
         values: row
             .values
             .iter()
@@ -833,29 +927,11 @@ fn jdbc_sink(
             })
             .collect(),
         delete: row.kind == RowKind::Delete,
-    });
-    let sink = UpsertTableSink::new(&url, &name, columns, key, change_of).map_err(|e| {
-        SqlError::at(
-            table.def.at,
-            format!(
-                "table '{}': {}",
-                table.def.name,
-                e.replace("--pg-output", "'url'")
-                    .replace("--pg-table", "'table-name'")
-            ),
-        )
-    })?;
-    // An upsert by key needs no -U: the +U after it replaces the row.
-    stream
-        .filter(|r: &Row| r.kind != RowKind::UpdateBefore)
-        .uid(&format!("{uid}.upsert"))
-        .sink(sink)
-        .uid(uid);
-    Ok(())
+    }
 }
 
 #[cfg(not(feature = "postgres"))]
-fn jdbc_sink(_: DataStream<Row>, table: &Table, _: Options, _: &str) -> Result<()> {
+fn jdbc_sink(_: DataStream<Row>, table: &Table, _: Options, _: bool, _: &str) -> Result<()> {
     table_err(
         table,
         "the jdbc connector needs cairn built with the `postgres` feature",
@@ -1066,7 +1142,7 @@ pub fn sink(stream: DataStream<Row>, table: &Table, updating: bool, uid: &str) -
             options.finish("blackhole", &[])?;
             stream.sink(DiscardSink).uid(uid);
         }
-        "jdbc" => jdbc_sink(stream, table, options, uid)?,
+        "jdbc" => jdbc_sink(stream, table, options, updating, uid)?,
         "kafka" | "upsert-kafka" => kafka_sink(
             stream,
             table,

@@ -21,6 +21,10 @@
 //! that `max_prepared_transactions` is not 0 — so that a misconfiguration stops the job at
 //! once with one line naming it.
 //!
+//! The SQL `jdbc` connector writes rows of any columns into an existing table with the same
+//! machinery: upserted by the table's primary key ([`UpsertTableSink`]), or appended by
+//! two-phase commit ([`TwoPhaseTableSink`], `'sink.delivery-guarantee' = 'exactly-once'`).
+//!
 //! The sinks need the `postgres` feature; [`PgMode`] is there in every build, so that a job can
 //! name a PostgreSQL output and fail with an error naming the feature.
 
@@ -45,7 +49,7 @@ pub use client::Target;
 #[cfg(feature = "postgres")]
 pub use sink::PostgresSink;
 #[cfg(feature = "postgres")]
-pub use table::{RowChange, TableColumn, UpsertTableSink};
+pub use table::{RowChange, TableColumn, TwoPhaseTableSink, UpsertTableSink};
 #[cfg(feature = "postgres")]
 pub use two_phase::{parse_gid, Gid};
 

@@ -106,7 +106,11 @@ impl Sink<(Word, u64)> for PostgresSink {
 
     fn create_writer(&self, ctx: SinkContext) -> TaskResult<Box<dyn SinkWriter<(Word, u64)>>> {
         Ok(match self.mode {
-            PgMode::TwoPhase => Box::new(two_phase::TwoPhaseWriter::new(&self.target, &ctx)?),
+            PgMode::TwoPhase => Box::new(two_phase::TwoPhaseWriter::new(
+                &self.target,
+                &ctx,
+                two_phase::WordRows::new,
+            )?),
             PgMode::Upsert => Box::new(upsert::UpsertWriter::new(Pg::connect(&self.target)?)?),
             PgMode::Wal => Box::new(wal::WalWriter::new(&self.target, &ctx)),
         })

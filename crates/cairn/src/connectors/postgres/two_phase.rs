@@ -1,4 +1,6 @@
-//! The two-phase-commit sink (`--pg-mode 2pc`): PostgreSQL's prepared transactions.
+//! The two-phase-commit sinks: PostgreSQL's prepared transactions, for the built-in jobs'
+//! `(word, count)` rows (`--pg-mode 2pc`, [`WordRows`]) and for the rows of a SQL `jdbc` table
+//! with `'sink.delivery-guarantee' = 'exactly-once'` (`TableRows` of [`super::table`]).
 //!
 //! A writer (one per subtask) opens a transaction at the first rows after a barrier and
 //! inserts into it as batches fill. At the barrier of checkpoint c it sends what is buffered
@@ -219,19 +221,68 @@ fn warn_lingering(pg: &Pg, own_prefix: &str) -> TaskResult {
     Ok(())
 }
 
-/// The writing side of the 2pc sink for one subtask.
-pub(super) struct TwoPhaseWriter {
+/// The rows a [`TwoPhaseWriter`] buffers, and how they go into its open transaction.
+pub(super) trait Rows<T>: Send {
+    /// Buffers the records of `batch` (draining it).
+    fn push(&mut self, batch: &mut Vec<T>) -> TaskResult;
+    /// How many rows are buffered.
+    fn len(&self) -> usize;
+    /// Sends the buffered rows on `pg`, inside its open transaction, and forgets them.
+    fn send(&mut self, pg: &Pg) -> TaskResult;
+}
+
+/// The `(word, count)` rows of the built-in jobs' 2pc sink.
+pub(super) struct WordRows {
+    insert: tokio_postgres::Statement,
+    buffer: Vec<(Word, u64)>,
+}
+
+impl WordRows {
+    /// Prepares the insert on `pg`, the writer's data connection.
+    pub(super) fn new(pg: &Pg) -> TaskResult<Self> {
+        let insert = pg.prepare(
+            "cannot prepare the insert",
+            &format!(
+                "INSERT INTO {} (word, count) SELECT * FROM unnest($1::text[], $2::bigint[])",
+                pg.target.table_sql
+            ),
+        )?;
+        Ok(WordRows {
+            insert,
+            buffer: Vec::with_capacity(FLUSH_ROWS_MAX),
+        })
+    }
+}
+
+impl Rows<(Word, u64)> for WordRows {
+    fn push(&mut self, batch: &mut Vec<(Word, u64)>) -> TaskResult {
+        self.buffer.append(batch);
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    fn send(&mut self, pg: &Pg) -> TaskResult {
+        pg.insert_rows("cannot insert rows", &self.insert, &self.buffer)?;
+        self.buffer.clear();
+        Ok(())
+    }
+}
+
+/// The writing side of a 2pc sink for one subtask, its rows buffered and sent by `R`.
+pub(super) struct TwoPhaseWriter<R> {
     target: Arc<Target>,
     /// The connection the transactions are written on.
     data: Pg,
     /// The connection `COMMIT PREPARED` runs on (opened at the first commit).
     control: Option<Pg>,
-    insert: tokio_postgres::Statement,
+    /// Rows not yet sent.
+    rows: R,
     gid_prefix: String,
     subtask: u32,
     checkpointing: bool,
-    /// Rows not yet sent.
-    buffer: Vec<(Word, u64)>,
     /// Whether a transaction is open on `data`, and how many rows were sent into it.
     open: bool,
     open_rows: u64,
@@ -241,25 +292,24 @@ pub(super) struct TwoPhaseWriter {
     pending: Vec<(u64, String)>,
 }
 
-impl TwoPhaseWriter {
-    pub(super) fn new(target: &Arc<Target>, ctx: &SinkContext) -> TaskResult<Self> {
+impl<R> TwoPhaseWriter<R> {
+    /// A writer into `target`, its rows made by `rows` on the data connection (which
+    /// prepares their statements there).
+    pub(super) fn new(
+        target: &Arc<Target>,
+        ctx: &SinkContext,
+        rows: impl FnOnce(&Pg) -> TaskResult<R>,
+    ) -> TaskResult<Self> {
         let data = Pg::connect(target)?;
-        let insert = data.prepare(
-            "cannot prepare the insert",
-            &format!(
-                "INSERT INTO {} (word, count) SELECT * FROM unnest($1::text[], $2::bigint[])",
-                target.table_sql
-            ),
-        )?;
+        let rows = rows(&data)?;
         Ok(TwoPhaseWriter {
             target: target.clone(),
             data,
             control: None,
-            insert,
+            rows,
             gid_prefix: gid_prefix(&ctx.owner),
             subtask: ctx.subtask,
             checkpointing: ctx.checkpointing,
-            buffer: Vec::with_capacity(FLUSH_ROWS_MAX),
             open: false,
             open_rows: 0,
             last_barrier: 0,
@@ -268,35 +318,37 @@ impl TwoPhaseWriter {
     }
 
     /// Sends the buffered rows into the open transaction (opening one if needed).
-    fn flush(&mut self) -> TaskResult {
-        if self.buffer.is_empty() {
+    fn flush<T>(&mut self) -> TaskResult
+    where
+        R: Rows<T>,
+    {
+        let n = self.rows.len();
+        if n == 0 {
             return Ok(());
         }
         if !self.open {
             self.data.batch("cannot begin a transaction", "BEGIN")?;
             self.open = true;
         }
-        self.data
-            .insert_rows("cannot insert rows", &self.insert, &self.buffer)?;
-        self.open_rows += self.buffer.len() as u64;
-        self.buffer.clear();
+        self.rows.send(&self.data)?;
+        self.open_rows += n as u64;
         // Rows are in an open transaction, neither prepared nor committed.
         failpoint::hit("sink-writing", self.last_barrier + 1);
         Ok(())
     }
 }
 
-impl SinkWriter<(Word, u64)> for TwoPhaseWriter {
-    fn write(&mut self, batch: &mut Vec<(Word, u64)>) -> TaskResult {
-        self.buffer.append(batch);
-        if self.buffer.len() >= FLUSH_ROWS_MAX {
-            self.flush()?;
+impl<T: Send, R: Rows<T>> SinkWriter<T> for TwoPhaseWriter<R> {
+    fn write(&mut self, batch: &mut Vec<T>) -> TaskResult {
+        self.rows.push(batch)?;
+        if self.rows.len() >= FLUSH_ROWS_MAX {
+            self.flush::<T>()?;
         }
         Ok(())
     }
 
     fn pre_commit(&mut self, checkpoint_id: u64) -> TaskResult<Vec<Vec<u8>>> {
-        self.flush()?;
+        self.flush::<T>()?;
         if self.open {
             if self.open_rows > 0 {
                 let gid = gid(&self.gid_prefix, self.subtask, checkpoint_id);
@@ -353,7 +405,7 @@ impl SinkWriter<(Word, u64)> for TwoPhaseWriter {
         if self.checkpointing {
             // Everything was prepared at the final checkpoint's barrier and committed when it
             // completed: nothing may be left.
-            let rows = self.open_rows + self.buffer.len() as u64;
+            let rows = self.open_rows + self.rows.len() as u64;
             if rows > 0 {
                 return Err(TaskError::msg(format!(
                     "PostgreSQL 2pc sink: {rows} rows were written after the final checkpoint"
@@ -366,7 +418,7 @@ impl SinkWriter<(Word, u64)> for TwoPhaseWriter {
             return Ok(());
         }
         // Without checkpoints the end of input is the only commit point.
-        self.flush()?;
+        self.flush::<T>()?;
         if self.open {
             self.data.batch("cannot commit the transaction", "COMMIT")?;
             self.open = false;
