@@ -1493,3 +1493,46 @@ SELECT k, COUNT(*) FROM big GROUP BY k;"
         }
     }
 }
+
+/// `SELECT DISTINCT` over an append-only input only appends (a filesystem table takes it),
+/// over a changelog it retracts a row whose last copy goes.
+#[test]
+fn select_distinct_appends_each_row_once_and_follows_a_changelog() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let rows = "CREATE TABLE n (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '3000', 'fields.id.kind' = 'sequence', 'fields.id.start' = '0', 'rows-per-second' = '0');\n";
+    let script = format!(
+        "{rows}CREATE TABLE out_t (a BIGINT, b BIGINT) WITH ({});
+INSERT INTO out_t SELECT DISTINCT id % 13, id % 5 FROM n WHERE id % 2 = 0;",
+        into_files(&out)
+    );
+    run_ok(&mut sql(&script, 2));
+    let mut expected: Vec<String> = (0..3000u64)
+        .filter(|id| id % 2 == 0)
+        .map(|id| format!("{}\t{}", id % 13, id % 5))
+        .collect();
+    expected.sort_unstable();
+    expected.dedup();
+    assert_eq!(expected.len(), 65);
+    assert_same("DISTINCT", &committed_sorted(&out), &expected);
+    // Over a changelog: the distinct totals of a running count per key. A total that a key
+    // leaves is retracted unless another key still has it.
+    let changelog = format!(
+        "{rows}CREATE TABLE p (total BIGINT) WITH ('connector' = 'print');
+INSERT INTO p SELECT DISTINCT c FROM (SELECT id % 7 AS k, COUNT(*) AS c FROM n GROUP BY id % 7);"
+    );
+    let got = apply_changelog(&String::from_utf8_lossy(
+        &run_ok(&mut sql(&changelog, 2)).stdout,
+    ));
+    // 3000 rows over 7 keys: 429 for keys 0-4, 428 for keys 5 and 6.
+    assert_same(
+        "DISTINCT over a changelog",
+        &got,
+        &["428".into(), "429".into()],
+    );
+    let stderr = refused(&format!(
+        "{rows}CREATE TABLE p (id BIGINT) WITH ('connector' = 'print');
+INSERT INTO p SELECT DISTINCT ON (id) id FROM n;"
+    ));
+    assert!(stderr.contains("SELECT DISTINCT ON"), "{stderr}");
+}

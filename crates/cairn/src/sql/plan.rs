@@ -1868,8 +1868,16 @@ fn item_name(e: &ast::Expr, i: usize) -> String {
 
 fn plan_select(s: &ast::Select, catalog: &Catalog) -> Result<Rel> {
     let at = s.select_token.0.span.start;
-    if s.distinct.is_some() {
-        return unsupported(at, "SELECT DISTINCT (write GROUP BY)");
+    match &s.distinct {
+        Some(ast::Distinct::Distinct) => {
+            let all = ast::Select {
+                distinct: None,
+                ..s.clone()
+            };
+            return Ok(distinct(plan_select(&all, catalog)?));
+        }
+        Some(ast::Distinct::On(_)) => return unsupported(at, "SELECT DISTINCT ON"),
+        Some(ast::Distinct::All) | None => {}
     }
     if s.qualify.is_some()
         || !s.named_window.is_empty()
@@ -1953,6 +1961,35 @@ fn plan_select(s: &ast::Select, catalog: &Catalog) -> Result<Rel> {
         return Ok(calc(rel, filter, project, columns));
     }
     plan_aggregate(s, from, group_by, aggs)
+}
+
+/// `SELECT DISTINCT`: a grouping by every column without aggregates. A row is emitted when
+/// its group appears (and retracted when a changelog retracts the group's last row), so over
+/// an append-only input the result only appends. Its event time is no longer a time
+/// attribute, as in Flink.
+fn distinct(rel: Rel) -> Rel {
+    let keys = rel.columns.len();
+    let columns: Vec<Column> = rel
+        .columns
+        .iter()
+        .map(|c| Column {
+            time: match c.time {
+                Time::Rowtime => Time::None,
+                t => t,
+            },
+            ..c.clone()
+        })
+        .collect();
+    let updating = rel.updating;
+    Rel {
+        node: Node::GroupAgg {
+            input: Box::new(rel),
+            keys,
+            aggs: Vec::new(),
+        },
+        columns,
+        updating,
+    }
 }
 
 /// The select list's expressions and columns; `row_number`: the item that is `ROW_NUMBER()
