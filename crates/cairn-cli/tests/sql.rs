@@ -1536,3 +1536,46 @@ INSERT INTO p SELECT DISTINCT ON (id) id FROM n;"
     ));
     assert!(stderr.contains("SELECT DISTINCT ON"), "{stderr}");
 }
+
+/// `ORDER BY … LIMIT n [OFFSET m]` is a Top-N of all rows: a changelog whose final table is
+/// the rows ranked `m + 1 ..= m + n`.
+#[test]
+fn order_by_limit_keeps_the_top_rows_of_the_whole_stream() {
+    let rows = "CREATE TABLE n (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '5000', 'fields.id.kind' = 'sequence', 'fields.id.start' = '0', 'rows-per-second' = '0');
+CREATE TABLE p (id BIGINT, v BIGINT) WITH ('connector' = 'print');
+";
+    for (tail, ids) in [
+        ("LIMIT 3", [99u64, 199, 299]),
+        ("LIMIT 3 OFFSET 1", [199, 299, 399]),
+    ] {
+        let script = format!(
+            "{rows}INSERT INTO p SELECT id, id % 100 AS v FROM n ORDER BY v DESC, id {tail};"
+        );
+        let got = apply_changelog(&String::from_utf8_lossy(
+            &run_ok(&mut sql(&script, 2)).stdout,
+        ));
+        let mut expected: Vec<String> = ids.iter().map(|id| format!("{id}, 99")).collect();
+        expected.sort_unstable();
+        assert_same(tail, &got, &expected);
+    }
+    for (tail, needle) in [
+        ("ORDER BY id", "ORDER BY without LIMIT"),
+        ("LIMIT 3", "LIMIT without ORDER BY"),
+        (
+            "ORDER BY id LIMIT 'x'",
+            "LIMIT takes a whole number of rows",
+        ),
+        (
+            "ORDER BY id + 1 LIMIT 3",
+            "ORDER BY … LIMIT must name columns",
+        ),
+    ] {
+        let stderr = refused(&format!(
+            "{rows}INSERT INTO p SELECT id, id % 100 AS v FROM n {tail};"
+        ));
+        assert!(
+            stderr.contains(needle),
+            "{tail}: {needle:?} not in {stderr}"
+        );
+    }
+}

@@ -1222,13 +1222,68 @@ pub fn plan_query(q: &ast::Query, catalog: &Catalog) -> Result<Rel> {
         };
         return plan_query(&body, &scoped);
     }
-    if q.order_by.is_some() {
-        return unsupported(at, "ORDER BY in a streaming query");
+    if q.fetch.is_some() {
+        return unsupported(at, "FETCH in a streaming query (write LIMIT)");
     }
-    if q.limit_clause.is_some() || q.fetch.is_some() {
-        return unsupported(at, "LIMIT/FETCH in a streaming query");
+    let limit = match &q.limit_clause {
+        None => None,
+        Some(ast::LimitClause::LimitOffset {
+            limit,
+            offset,
+            limit_by,
+        }) => {
+            if !limit_by.is_empty() {
+                return unsupported(at, "LIMIT … BY");
+            }
+            let Some(limit) = limit else {
+                return unsupported(at, "LIMIT ALL");
+            };
+            let offset = match offset {
+                Some(o) => count(&o.value, "OFFSET")?,
+                None => 0,
+            };
+            Some((count(limit, "LIMIT")?, offset))
+        }
+        Some(ast::LimitClause::OffsetCommaLimit { offset, limit }) => {
+            Some((count(limit, "LIMIT")?, count(offset, "OFFSET")?))
+        }
+    };
+    let order_by = match &q.order_by {
+        None => None,
+        Some(o) => match &o.kind {
+            ast::OrderByKind::Expressions(exprs) => Some(exprs),
+            ast::OrderByKind::All(_) => return unsupported(at, "ORDER BY ALL"),
+        },
+    };
+    match (order_by, limit) {
+        (None, None) => plan_set_expr(&q.body, catalog),
+        (Some(order_by), Some((limit, offset))) => {
+            let rel = plan_set_expr(&q.body, catalog)?;
+            rank::order_limit(rel, order_by, limit, offset, at)
+        }
+        (Some(_), None) => unsupported(
+            at,
+            "ORDER BY without LIMIT in a streaming query (a sorted stream never ends; add LIMIT for a Top-N)",
+        ),
+        (None, Some(_)) => unsupported(at, "LIMIT without ORDER BY"),
     }
-    plan_set_expr(&q.body, catalog)
+}
+
+/// The row count a `LIMIT` or `OFFSET` gives: a non-negative integer constant.
+fn count(e: &ast::Expr, what: &str) -> Result<u64> {
+    match e {
+        ast::Expr::Value(v) => match &v.value {
+            ast::Value::Number(n, _) => n.parse().ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+    .ok_or_else(|| {
+        SqlError::at(
+            e.span().start,
+            format!("{what} takes a whole number of rows, not '{e}'"),
+        )
+    })
 }
 
 /// `catalog` with the queries of a `WITH` clause as views, each seeing those before it; a

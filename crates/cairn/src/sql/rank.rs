@@ -84,30 +84,50 @@ pub(super) fn plan_rank(rel: Rel, f: &ast::Function) -> Result<Rel> {
     if spec.order_by.is_empty() {
         return Err(SqlError::at(at, "ROW_NUMBER() OVER (…) needs an ORDER BY"));
     }
-    let mut order = Vec::new();
-    for o in &spec.order_by {
-        let desc = match &o.options.sort {
-            None | Some(ast::OrderBySort::Asc) => false,
-            Some(ast::OrderBySort::Desc) => true,
-            Some(ast::OrderBySort::Using(_)) => {
-                return Err(SqlError::at(
-                    o.expr.span().start,
-                    "ORDER BY … USING is not supported",
-                ))
-            }
-        };
-        // Flink sorts NULL first ascending and last descending; only that order is built.
-        if o.options.nulls_first.is_some_and(|first| first == desc) {
+    let order = spec
+        .order_by
+        .iter()
+        .map(|o| sort_key(o, &column))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ranked_rel(rel, partition, order, None, at))
+}
+
+/// One `ORDER BY` item: the column it names (`column`) and whether it is descending.
+fn sort_key(
+    o: &ast::OrderByExpr,
+    column: &dyn Fn(&ast::Expr) -> Result<usize>,
+) -> Result<(usize, bool)> {
+    let desc = match &o.options.sort {
+        None | Some(ast::OrderBySort::Asc) => false,
+        Some(ast::OrderBySort::Desc) => true,
+        Some(ast::OrderBySort::Using(_)) => {
             return Err(SqlError::at(
                 o.expr.span().start,
-                format!(
-                    "NULLS {} is not supported here (NULL sorts first ascending, last descending)",
-                    if desc { "FIRST" } else { "LAST" }
-                ),
-            ));
+                "ORDER BY … USING is not supported",
+            ))
         }
-        order.push((column(&o.expr)?, desc));
+    };
+    // Flink sorts NULL first ascending and last descending; only that order is built.
+    if o.options.nulls_first.is_some_and(|first| first == desc) {
+        return Err(SqlError::at(
+            o.expr.span().start,
+            format!(
+                "NULLS {} is not supported here (NULL sorts first ascending, last descending)",
+                if desc { "FIRST" } else { "LAST" }
+            ),
+        ));
     }
+    Ok((column(&o.expr)?, desc))
+}
+
+/// `rel` ranked: its columns (no longer time attributes), then the row number.
+fn ranked_rel(
+    rel: Rel,
+    partition: Vec<usize>,
+    order: Vec<(usize, bool)>,
+    range: Option<(u64, u64)>,
+    at: Location,
+) -> Rel {
     let mut columns: Vec<Column> = rel
         .columns
         .iter()
@@ -122,17 +142,52 @@ pub(super) fn plan_rank(rel: Rel, f: &ast::Function) -> Result<Rel> {
         ty: SqlType::BigInt,
         time: Time::None,
     });
-    Ok(Rel {
+    Rel {
         columns,
         updating: true,
         node: Node::Rank {
             input: Box::new(rel),
             partition,
             order,
-            range: None,
+            range,
             at,
         },
-    })
+    }
+}
+
+/// A query's `ORDER BY … LIMIT n [OFFSET m]` over `rel`: a Top-N of all its rows (one
+/// partition, so one subtask keeps it, as in Flink), ranks `m + 1 ..= m + n`, a changelog.
+pub(super) fn order_limit(
+    rel: Rel,
+    order_by: &[ast::OrderByExpr],
+    limit: u64,
+    offset: u64,
+    at: Location,
+) -> Result<Rel> {
+    let scope = Scope::new(&rel.columns);
+    let column = |e: &ast::Expr| -> Result<usize> {
+        let (x, _) = bind_expr(e, &scope)?;
+        x.as_col().ok_or_else(|| {
+            SqlError::at(
+                e.span().start,
+                format!("ORDER BY … LIMIT must name columns of the query, not '{e}' (select it)"),
+            )
+        })
+    };
+    let order = order_by
+        .iter()
+        .map(|o| sort_key(o, &column))
+        .collect::<Result<Vec<_>>>()?;
+    if limit == 0 {
+        return Err(SqlError::at(at, "LIMIT 0 keeps no row"));
+    }
+    let width = rel.columns.len();
+    let range = Some((offset + 1, offset.saturating_add(limit)));
+    let ranked = ranked_rel(rel, Vec::new(), order, range, at);
+    // The row number is not a column of the query.
+    let columns = ranked.columns[..width].to_vec();
+    let project = (0..width).map(Expr::Col).collect();
+    Ok(super::plan::calc(ranked, None, project, columns))
 }
 
 /// The column of `rel` that holds an unbounded rank's row number, if `rel` is one (or a
