@@ -1579,3 +1579,22 @@ CREATE TABLE p (id BIGINT, v BIGINT) WITH ('connector' = 'print');
         );
     }
 }
+
+/// A DECIMAL beyond its precision is NULL, as in Flink; a CASE of a decimal and an integer
+/// is a decimal wide enough for both.
+#[test]
+fn decimals_beyond_their_precision_are_null_and_mixed_results_widen() {
+    let script = "CREATE TABLE n (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '3', 'fields.id.kind' = 'sequence', 'fields.id.start' = '998', 'rows-per-second' = '0');
+CREATE TABLE p (id BIGINT, d DECIMAL(7, 1), c DECIMAL(20, 1)) WITH ('connector' = 'print');
+INSERT INTO p SELECT id, CAST(id * 1000.5 AS DECIMAL(7, 1)), CASE WHEN id > 999 THEN 0.5 ELSE id END FROM n;";
+    let got = apply_changelog(&String::from_utf8_lossy(
+        &run_ok(&mut sql(script, 1)).stdout,
+    ));
+    let expected = [
+        // 1000 * 1000.5 has eight digits.
+        "1000, null, 0.5",
+        "998, 998499.0, 998.0",
+        "999, 999499.5, 999.0",
+    ];
+    assert_same("decimals", &got, &expected.map(String::from));
+}

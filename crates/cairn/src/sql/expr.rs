@@ -455,33 +455,16 @@ pub fn arithmetic(op: BinOp, x: Value, y: Value, ty: &SqlType) -> EvalResult {
             let (a, s) = as_decimal(&x);
             let (b, t) = as_decimal(&y);
             let scale = *scale;
-            match op {
-                BinOp::Add | BinOp::Sub | BinOp::Mod => {
-                    let (a, b) = (rescale(a, s, scale), rescale(b, t, scale));
-                    match op {
-                        BinOp::Add => Decimal(a + b, scale),
-                        BinOp::Sub => Decimal(a - b, scale),
-                        _ if b == 0 => return Err("division by zero (MOD)".into()),
-                        _ => Decimal(a % b, scale),
-                    }
-                }
-                BinOp::Mul => Decimal(rescale(a * b, s + t, scale), scale),
-                _ => {
-                    if b == 0 {
-                        return Err("division by zero".into());
-                    }
-                    // a/10^s ÷ b/10^t at `scale`, one digit more to round half up:
-                    // a·10^(scale+t-s+1) ÷ b.
-                    let exp = i32::from(scale) + i32::from(t) - i32::from(s) + 1;
-                    let num = if exp >= 0 {
-                        a.saturating_mul(10i128.saturating_pow(exp as u32))
-                    } else {
-                        a / 10i128.pow((-exp) as u32)
-                    };
-                    let q = num / b;
-                    Decimal((q + q.signum() * 5) / 10, scale)
-                }
+            if matches!(op, BinOp::Div | BinOp::Mod) && b == 0 {
+                return Err(match op {
+                    BinOp::Mod => "division by zero (MOD)".into(),
+                    _ => "division by zero".into(),
+                });
             }
+            // A result beyond DECIMAL(38) is NULL, as in Flink.
+            decimal_arithmetic(op, (a, s), (b, t), scale)
+                .filter(|u| fits(*u, 38))
+                .map_or(Null, |u| Decimal(u, scale))
         }
         (_, Int(a), Int(b)) => Int(match op {
             BinOp::Add => a.wrapping_add(b),
@@ -496,6 +479,51 @@ pub fn arithmetic(op: BinOp, x: Value, y: Value, ty: &SqlType) -> EvalResult {
             return Err(format!("cannot apply {op:?} to {x:?} and {y:?}"));
         }
     })
+}
+
+/// `a op b` of two decimals (unscaled, scale) at `scale`; None when it overflows.
+fn decimal_arithmetic(
+    op: BinOp,
+    (a, s): (i128, u8),
+    (b, t): (i128, u8),
+    scale: u8,
+) -> Option<i128> {
+    let at = |u: i128, from: u8| checked_rescale(u, from, scale);
+    match op {
+        BinOp::Add => at(a, s)?.checked_add(at(b, t)?),
+        BinOp::Sub => at(a, s)?.checked_sub(at(b, t)?),
+        BinOp::Mod => at(a, s)?.checked_rem(at(b, t)?),
+        BinOp::Mul => checked_rescale(a.checked_mul(b)?, s + t, scale),
+        _ => {
+            // a/10^s ÷ b/10^t at `scale`, one digit more to round half up:
+            // a·10^(scale+t-s+1) ÷ b.
+            let exp = i32::from(scale) + i32::from(t) - i32::from(s) + 1;
+            let num = if exp >= 0 {
+                a.checked_mul(10i128.checked_pow(exp as u32)?)?
+            } else {
+                a / 10i128.checked_pow((-exp) as u32)?
+            };
+            let q = num / b;
+            Some((q + q.signum() * 5) / 10)
+        }
+    }
+}
+
+/// `u` at scale `to` instead of `from` (truncating when it shrinks); None when it overflows.
+fn checked_rescale(u: i128, from: u8, to: u8) -> Option<i128> {
+    if to >= from {
+        u.checked_mul(10i128.checked_pow(u32::from(to - from))?)
+    } else {
+        Some(u / 10i128.checked_pow(u32::from(from - to))?)
+    }
+}
+
+/// Whether unscaled `u` has at most `precision` digits.
+fn fits(u: i128, precision: u8) -> bool {
+    match 10u128.checked_pow(u32::from(precision)) {
+        Some(limit) => u.unsigned_abs() < limit,
+        None => true,
+    }
 }
 
 fn as_decimal(v: &Value) -> (i128, u8) {
@@ -551,25 +579,35 @@ pub fn cast(v: Value, ty: &SqlType) -> EvalResult {
                 None => return fail(&v),
             },
         },
-        SqlType::Decimal(_, scale) => match &v {
-            Decimal(u, s) => {
-                if s > scale {
-                    let p = 10i128.pow(u32::from(s - scale));
-                    let q = *u / p;
-                    let r = *u % p;
-                    Decimal(q + if r.abs() * 2 >= p { r.signum() } else { 0 }, *scale)
-                } else {
-                    Decimal(rescale(*u, *s, *scale), *scale)
+        SqlType::Decimal(precision, scale) => {
+            let unscaled = match &v {
+                Decimal(u, s) => {
+                    if s > scale {
+                        let p = 10i128.pow(u32::from(s - scale));
+                        let q = *u / p;
+                        let r = *u % p;
+                        Some(q + if r.abs() * 2 >= p { r.signum() } else { 0 })
+                    } else {
+                        checked_rescale(*u, *s, *scale)
+                    }
                 }
-            }
-            Int(i) => Decimal(rescale(i128::from(*i), 0, *scale), *scale),
-            Double(d) => Decimal((d * 10f64.powi(i32::from(*scale))).round() as i128, *scale),
-            Str(s) => match parse_decimal(s) {
-                Some((u, s)) => return cast(Decimal(u, s), ty),
-                None => Null,
-            },
-            _ => return fail(&v),
-        },
+                Int(i) => checked_rescale(i128::from(*i), 0, *scale),
+                Double(d) => {
+                    let x = (d * 10f64.powi(i32::from(*scale))).round();
+                    // Beyond i128 (or NaN): an overflow.
+                    (x.is_finite() && x.abs() < 1e38).then_some(x as i128)
+                }
+                Str(s) => match parse_decimal(s) {
+                    Some((u, s)) => return cast(Decimal(u, s), ty),
+                    None => None,
+                },
+                _ => return fail(&v),
+            };
+            // A value with more digits than the type's precision is NULL, as in Flink.
+            unscaled
+                .filter(|u| fits(*u, *precision))
+                .map_or(Null, |u| Decimal(u, *scale))
+        }
         SqlType::Boolean => match &v {
             Bool(_) => v,
             Str(s) => match s.trim().to_ascii_lowercase().as_str() {
@@ -1021,6 +1059,39 @@ mod tests {
         assert_eq!(
             date_format(1_436_918_400_000, "yyyy-MM-dd'T'HH"),
             "2015-07-15T00"
+        );
+    }
+
+    #[test]
+    fn a_decimal_beyond_its_precision_is_null() {
+        let d = |p, s| SqlType::Decimal(p, s);
+        assert_eq!(
+            cast(Value::Decimal(123_456, 2), &d(4, 2)).unwrap(),
+            Value::Null
+        );
+        assert_eq!(
+            cast(Value::Decimal(123_456, 2), &d(6, 2)).unwrap(),
+            Value::Decimal(123_456, 2)
+        );
+        assert_eq!(cast(Value::Int(100), &d(3, 1)).unwrap(), Value::Null);
+        assert_eq!(
+            cast(Value::Double(f64::NAN), &d(10, 2)).unwrap(),
+            Value::Null
+        );
+        assert_eq!(cast(Value::Double(1e40), &d(38, 0)).unwrap(), Value::Null);
+        let big = Value::Decimal(10i128.pow(37), 0);
+        let ty = d(38, 0);
+        assert_eq!(
+            arithmetic(BinOp::Mul, big.clone(), big.clone(), &ty).unwrap(),
+            Value::Null
+        );
+        assert_eq!(
+            arithmetic(BinOp::Add, big.clone(), Value::Int(1), &ty).unwrap(),
+            Value::Decimal(10i128.pow(37) + 1, 0)
+        );
+        assert_eq!(
+            arithmetic(BinOp::Mul, big, Value::Int(10), &ty).unwrap(),
+            Value::Null
         );
     }
 

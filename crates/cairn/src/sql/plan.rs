@@ -842,6 +842,15 @@ fn comparable(a: &SqlType, b: &SqlType, at: Location) -> Result<()> {
 /// The type both branches of a `CASE` (or a `UNION`) fit.
 fn unify(acc: Option<SqlType>, t: &SqlType, at: Location) -> Result<SqlType> {
     let Some(a) = acc else { return Ok(t.clone()) };
+    // Exact numbers, one a decimal: a decimal wide enough for both (a value beyond a
+    // decimal's precision is NULL).
+    if let (Some((p, s)), Some((q, u))) = (a.exact_digits(), t.exact_digits()) {
+        if matches!(a, SqlType::Decimal(..)) || matches!(t, SqlType::Decimal(..)) {
+            let scale = s.max(u);
+            let int = (p - s).max(q - u);
+            return Ok(SqlType::Decimal((int + scale).min(38), scale));
+        }
+    }
     if t.fits(&a) {
         return Ok(a);
     }

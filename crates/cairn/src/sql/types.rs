@@ -55,7 +55,19 @@ impl SqlType {
         )
     }
 
-    /// Whether a value of this type can go where `target` is expected without a cast.
+    /// The digits and scale of an exact number type: `INT` is `DECIMAL(10, 0)`, `BIGINT`
+    /// `DECIMAL(19, 0)`.
+    pub fn exact_digits(&self) -> Option<(u8, u8)> {
+        match self {
+            SqlType::Int => Some((10, 0)),
+            SqlType::BigInt => Some((19, 0)),
+            SqlType::Decimal(p, s) => Some(((*p).max(*s), *s)),
+            _ => None,
+        }
+    }
+
+    /// Whether a value of this type can be written where `target` is expected (a decimal's
+    /// precision aside: a value beyond it is NULL).
     pub fn fits(&self, target: &SqlType) -> bool {
         use SqlType::*;
         match (self, target) {
