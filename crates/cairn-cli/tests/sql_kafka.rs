@@ -166,7 +166,7 @@ GROUP BY k, window_start, window_end;"
 }
 
 /// A TUMBLE window aggregation from a kafka topic into a kafka topic exactly once, at
-/// parallelism 2, SIGKILLed at each checkpoint failpoint (in a seeded order, each 10 to 13
+/// parallelism 2, SIGKILLed at each checkpoint failpoint (in a seeded order, each 16 to 19
 /// checkpoints of 50 ms on, so that results are being committed) and resumed from the latest
 /// checkpoint: no window is ever committed twice, and at the end the committed windows are the
 /// reference, each once. Every partition is in event-time order but a subtask reads two of
@@ -196,7 +196,8 @@ fn a_window_aggregation_from_kafka_into_kafka_exactly_once_survives_sigkills_at_
     let mut committed_before_last = 0;
     for (i, point) in shuffled_failpoints(&mut next).into_iter().enumerate() {
         let base = checkpoint_progress(&ck).map_or(0, |(_, highest)| highest);
-        let at = base + 10 + next() % 4;
+        // Long enough that a run reads past its consumer's start, even on a busy machine.
+        let at = base + 16 + next() % 4;
         let marker = tmp.path().join(format!("marker-{i}"));
         let log = tmp.path().join(format!("run-{i}.log"));
         let (name, id) = kill_at_failpoint(run(), point, at, &marker, &log)
