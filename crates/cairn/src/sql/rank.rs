@@ -67,13 +67,9 @@ pub(super) fn plan_rank(rel: Rel, f: &ast::Function) -> Result<Rel> {
         ));
     }
     let scope = Scope::new(&rel.columns);
-    let column = |e: &ast::Expr| -> Result<usize> {
-        let (x, _) = bind_expr(e, &scope)?;
-        x.as_col().ok_or_else(|| {
-            SqlError::at(
-                e.span().start,
-                format!("PARTITION BY and ORDER BY of ROW_NUMBER() must name columns, not '{e}' (compute it in a subquery)"),
-            )
+    let column = |e: &ast::Expr| {
+        named_column(&scope, e, |e| {
+            format!("PARTITION BY and ORDER BY of ROW_NUMBER() must name columns, not '{e}' (compute it in a subquery)")
         })
     };
     let partition = spec
@@ -90,6 +86,18 @@ pub(super) fn plan_rank(rel: Rel, f: &ast::Function) -> Result<Rel> {
         .map(|o| sort_key(o, &column))
         .collect::<Result<Vec<_>>>()?;
     Ok(ranked_rel(rel, partition, order, None, at))
+}
+
+/// The column `e` names in `scope`; an expression that is not a column is the error `refusal`
+/// words.
+fn named_column(
+    scope: &Scope,
+    e: &ast::Expr,
+    refusal: impl Fn(&ast::Expr) -> String,
+) -> Result<usize> {
+    let (x, _) = bind_expr(e, scope)?;
+    x.as_col()
+        .ok_or_else(|| SqlError::at(e.span().start, refusal(e)))
 }
 
 /// One `ORDER BY` item: the column it names (`column`) and whether it is descending.
@@ -165,13 +173,9 @@ pub(super) fn order_limit(
     at: Location,
 ) -> Result<Rel> {
     let scope = Scope::new(&rel.columns);
-    let column = |e: &ast::Expr| -> Result<usize> {
-        let (x, _) = bind_expr(e, &scope)?;
-        x.as_col().ok_or_else(|| {
-            SqlError::at(
-                e.span().start,
-                format!("ORDER BY … LIMIT must name columns of the query, not '{e}' (select it)"),
-            )
+    let column = |e: &ast::Expr| {
+        named_column(&scope, e, |e| {
+            format!("ORDER BY … LIMIT must name columns of the query, not '{e}' (select it)")
         })
     };
     let order = order_by
