@@ -366,7 +366,7 @@ fn a_window_aggregation_sigkilled_at_failpoints_and_resumed_commits_exactly_the_
 fn a_join_sigkilled_at_failpoints_and_resumed_commits_exactly_the_built_in_output() {
     // q3 reads persons and auctions only (8 % of the events): enough of them that every run
     // lasts past its failpoint's checkpoint.
-    let events = 10 * WINDOW_EVENTS;
+    let events = 30 * WINDOW_EVENTS;
     let tmp = tempfile::tempdir().unwrap();
     let rust = tmp.path().join("rust");
     run_ok(
