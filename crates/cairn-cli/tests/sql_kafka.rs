@@ -12,13 +12,13 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::{Command, Stdio};
 
 use cairn::connectors::kafka::wire::{Marker, Record, TopicLog, WireClient};
 use cairn::sql::types::write_timestamp;
 use common::*;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A client of the test broker; fails the test if no broker answers.
 fn broker() -> WireClient {
@@ -71,12 +71,15 @@ fn timestamp(ms: i64) -> String {
     s
 }
 
+/// Events of the kill test, over one partition per subtask.
 const EVENTS: u64 = 3_000_000;
-const EVENT_PARTITIONS: i32 = 4;
+const EVENT_PARTITIONS: i32 = 2;
 const KEYS: u64 = 20;
 /// Event time of the first event; event `i` is `i` ms later.
 const BASE_MS: i64 = 1_700_000_000_000;
 const WINDOW_MS: i64 = 10_000;
+/// The most killed runs before the test gives up on its faults landing where it means.
+const KILL_RUNS_MAX: usize = 16;
 
 /// Event `i`: its key, amount (never 0) and event time.
 fn event(i: u64) -> (String, i64, i64) {
@@ -89,20 +92,20 @@ fn event(i: u64) -> (String, i64, i64) {
 
 /// Fills `topic` with the events as csv lines, round-robin over its partitions (each
 /// partition in event-time order), then ends every partition with a row of amount 0 (which
-/// the query filters out) in a record batch of its own: Tansu reports a partition's end as one
-/// past the first offset of its last batch, so a bounded read stops there.
-fn fill_events(topic: &str) {
+/// the query filters out) 2 s of event time after the last event, so every partition's
+/// watermark passes the end of the last window and the job commits every window.
+fn fill_events(topic: &str, events: u64, partitions: i32) {
     let brokers = kafka_brokers();
-    let records = (0..EVENTS).map(|i| {
+    let records = (0..events).map(|i| {
         let (k, amount, ts) = event(i);
         (
-            (i % EVENT_PARTITIONS as u64) as i32,
+            (i % partitions as u64) as i32,
             format!("{k},{amount},{}", timestamp(ts)),
         )
     });
     cairn::connectors::kafka::produce(&brokers, topic, records).unwrap_or_else(|e| panic!("{e}"));
-    let end = timestamp(BASE_MS + EVENTS as i64);
-    for p in 0..EVENT_PARTITIONS {
+    let end = timestamp(BASE_MS + events as i64 + 2_000);
+    for p in 0..partitions {
         cairn::connectors::kafka::produce(&brokers, topic, [(p, format!("seal,0,{end}"))])
             .unwrap_or_else(|e| panic!("{e}"));
     }
@@ -111,9 +114,9 @@ fn fill_events(topic: &str) {
 /// Per key and 10 s window: the events and their total amount.
 type Windows = BTreeMap<(String, String, String), (i64, i64)>;
 
-fn reference_windows() -> Windows {
+fn reference_windows(events: u64) -> Windows {
     let mut windows = Windows::new();
-    for i in 0..EVENTS {
+    for i in 0..events {
         let (k, amount, ts) = event(i);
         let start = ts - ts.rem_euclid(WINDOW_MS);
         let w = windows
@@ -145,14 +148,32 @@ fn committed_windows(records: &[Record]) -> Windows {
     windows
 }
 
-fn window_script(input: &str, output: &str, prefix: &str) -> String {
+/// Fails the test at the first window that differs.
+fn assert_same_windows(got: &Windows, expected: &Windows) {
+    assert_eq!(got.len(), expected.len(), "windows committed");
+    let first_difference = expected.iter().find(|(k, v)| got.get(*k) != Some(*v));
+    assert!(
+        first_difference.is_none(),
+        "first difference: expected {first_difference:?}, got {:?}",
+        first_difference.map(|(k, _)| got.get(k))
+    );
+}
+
+/// The window aggregation from `input` into `output`; `bounded` reads `input` to the end
+/// offsets of the fresh start.
+fn window_script(input: &str, output: &str, prefix: &str, bounded: bool) -> String {
     let brokers = kafka_brokers();
+    let bounded = if bounded {
+        ", 'scan.bounded.mode' = 'latest-offset'"
+    } else {
+        ""
+    };
     format!(
         "SET 'pipeline.auto-watermark-interval' = '10ms';
 CREATE TABLE events (k STRING, amount BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) WITH (
   'connector' = 'kafka', 'topic' = '{input}', 'properties.bootstrap.servers' = '{brokers}',
   'properties.group.id' = '{prefix}-group', 'scan.startup.mode' = 'earliest-offset',
-  'scan.bounded.mode' = 'latest-offset', 'format' = 'csv');
+  'format' = 'csv'{bounded});
 CREATE TABLE totals (k STRING, window_start TIMESTAMP(3), window_end TIMESTAMP(3), cnt BIGINT, total BIGINT) WITH (
   'connector' = 'kafka', 'topic' = '{output}', 'properties.bootstrap.servers' = '{brokers}',
   'value.format' = 'json', 'sink.delivery-guarantee' = 'exactly-once',
@@ -165,23 +186,30 @@ GROUP BY k, window_start, window_end;"
     )
 }
 
-/// A TUMBLE window aggregation from a kafka topic into a kafka topic exactly once, at
-/// parallelism 2, SIGKILLed at each checkpoint failpoint (in a seeded order, each 16 to 19
-/// checkpoints of 50 ms on, so that results are being committed) and resumed from the latest
-/// checkpoint: no window is ever committed twice, and at the end the committed windows are the
-/// reference, each once. Every partition is in event-time order but a subtask reads two of
-/// them a batch at a time: with one watermark per subtask instead of per partition, records
-/// would be late and dropped.
+/// A TUMBLE window aggregation from an unbounded kafka topic into a kafka topic exactly once,
+/// at parallelism 2, SIGKILLed at each checkpoint failpoint (in a seeded order, each 16 to 19
+/// checkpoints of 50 ms on) and resumed from the latest checkpoint: no window is ever committed
+/// twice. The kills go on until every failpoint was hit and one kill fell while windows were
+/// being committed (some, not all). A last run commits the rest and is stopped with a
+/// savepoint: the committed windows are the reference, each once, and no transaction is left
+/// open.
+///
+/// The source is unbounded, so no killed run can end before its failpoint however fast the
+/// machine reads; how far the killed runs get is up to the machine, hence the loop. Each
+/// subtask reads one partition: Tansu answers a fetch of several partitions with the records
+/// of the first only, and with none once that one is read to its end, so a subtask with two
+/// unbounded partitions would stall there (a real Kafka broker fills every partition's share).
+/// Several partitions per subtask are the next test's.
 #[test]
 fn a_window_aggregation_from_kafka_into_kafka_exactly_once_survives_sigkills_at_failpoints() {
     let mut w = broker();
     let input = new_topic(&mut w, "sql-events", EVENT_PARTITIONS);
     let output = new_topic(&mut w, "sql-totals", 3);
-    fill_events(&input);
-    let expected = reference_windows();
+    fill_events(&input, EVENTS, EVENT_PARTITIONS);
+    let expected = reference_windows(EVENTS);
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ck");
-    let script = window_script(&input, &output, &unique_topic("sql-eo"));
+    let script = window_script(&input, &output, &unique_topic("sql-eo"), false);
     let run = || {
         let mut cmd = sql(&script, 2);
         cmd.arg("--checkpoint-dir").arg(&ck).args([
@@ -193,10 +221,19 @@ fn a_window_aggregation_from_kafka_into_kafka_exactly_once_survives_sigkills_at_
         cmd
     };
     let mut next = seeded(11);
-    let mut committed_before_last = 0;
-    for (i, point) in shuffled_failpoints(&mut next).into_iter().enumerate() {
+    let points = shuffled_failpoints(&mut next);
+    let mut hit = BTreeSet::new();
+    let mut killed_while_committing = false;
+    for i in 0.. {
+        if hit.len() == points.len() && killed_while_committing {
+            break;
+        }
+        assert!(
+            i < KILL_RUNS_MAX,
+            "after {i} runs: failpoints hit {hit:?}, a kill while windows were being committed: {killed_while_committing}"
+        );
+        let point = points[i % points.len()];
         let base = checkpoint_progress(&ck).map_or(0, |(_, highest)| highest);
-        // Long enough that a run reads past its consumer's start, even on a busy machine.
         let at = base + 16 + next() % 4;
         let marker = tmp.path().join(format!("marker-{i}"));
         let log = tmp.path().join(format!("run-{i}.log"));
@@ -212,19 +249,40 @@ fn a_window_aggregation_from_kafka_into_kafka_exactly_once_survives_sigkills_at_
         }
         // What is committed so far is part of the reference, each window once.
         let (_, records) = committed(&mut w, &output);
-        for (key, row) in committed_windows(&records) {
-            assert_eq!(expected.get(&key), Some(&row), "after {point}: {key:?}");
+        let so_far = committed_windows(&records);
+        for (key, row) in &so_far {
+            assert_eq!(expected.get(key), Some(row), "after {point}: {key:?}");
         }
-        committed_before_last = records.len();
+        killed_while_committing |= !so_far.is_empty() && so_far.len() < expected.len();
+        hit.insert(point);
     }
-    // The kills fell while results were being committed, not before or after.
-    assert!(
-        committed_before_last > 0 && committed_before_last < expected.len(),
-        "{committed_before_last} of {} windows committed before the last run",
-        expected.len()
-    );
-    let last = run_ok(run().stderr(Stdio::piped()));
-    let stderr = String::from_utf8_lossy(&last.stderr);
+    let savepoints = tmp.path().join("savepoints");
+    let mut last = Watched::spawn(run().arg("--savepoint-on-exit").arg(&savepoints));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let so_far = committed_windows(&committed(&mut w, &output).1);
+        if so_far.len() >= expected.len() {
+            break;
+        }
+        last.assert_running();
+        if Instant::now() >= deadline {
+            let missing: Vec<_> = expected
+                .keys()
+                .filter(|k| !so_far.contains_key(*k))
+                .take(5)
+                .collect();
+            panic!(
+                "the last run committed {} of {} windows in time; missing e.g. {missing:?}",
+                so_far.len(),
+                expected.len()
+            );
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    last.terminate();
+    last.wait_for_line("savepoint stored in ", deadline);
+    let (status, stderr) = last.wait(deadline);
+    assert!(status.success(), "the stopped run must succeed: {stderr}");
     assert!(stderr.contains("restored from "), "{stderr}");
     let (log, records) = committed(&mut w, &output);
     assert!(
@@ -238,13 +296,26 @@ fn a_window_aggregation_from_kafka_into_kafka_exactly_once_survives_sigkills_at_
         "no SIGKILL left a transaction to abort"
     );
     let got = committed_windows(&records);
-    assert_eq!(got.len(), expected.len(), "windows committed");
-    let first_difference = expected.iter().find(|(k, v)| got.get(*k) != Some(*v));
-    assert!(
-        first_difference.is_none(),
-        "first difference: expected {first_difference:?}, got {:?}",
-        first_difference.map(|(k, _)| got.get(k))
-    );
+    assert_same_windows(&got, &expected);
+}
+
+/// One subtask reads four partitions, each in event-time order, to their end: the windows
+/// are the reference. Tansu hands the subtask one partition after another (see above), so
+/// with one watermark per subtask instead of per partition, the later partitions' records
+/// would all be late and dropped.
+#[test]
+fn a_subtask_reading_several_partitions_keeps_a_watermark_per_partition() {
+    const SMALL: u64 = 400_000;
+    let mut w = broker();
+    let input = new_topic(&mut w, "sql-events-four", 4);
+    let output = new_topic(&mut w, "sql-totals-four", 1);
+    fill_events(&input, SMALL, 4);
+    let script = window_script(&input, &output, &unique_topic("sql-four"), true);
+    run_ok(&mut sql(&script, 1));
+    let (_, records) = committed(&mut w, &output);
+    let got = committed_windows(&records);
+    let expected = reference_windows(SMALL);
+    assert_same_windows(&got, &expected);
 }
 
 /// A two-level GROUP BY (keys per count: every update of the inner count retracts a row of
