@@ -594,8 +594,8 @@ fn bad_sql_is_a_one_line_error_naming_what_and_where() {
             &["line 3", "ROW_NUMBER() needs a filter on its result", "rn <= N"],
         ),
         (
-            &format!("{ORDERS}INSERT INTO out_t SELECT customer, amount FROM (SELECT *, RANK() OVER (PARTITION BY customer ORDER BY amount DESC) AS rn FROM orders) WHERE rn <= 3;"),
-            &["RANK() OVER (…) is not supported", "only ROW_NUMBER()"],
+            &format!("{ORDERS}INSERT INTO out_t SELECT customer, amount FROM (SELECT *, PERCENT_RANK() OVER (PARTITION BY customer ORDER BY amount DESC) AS rn FROM orders) WHERE rn <= 3;"),
+            &["PERCENT_RANK() OVER (…) is not supported", "only ROW_NUMBER(), RANK() and DENSE_RANK()"],
         ),
         (
             &format!("{ORDERS}INSERT INTO out_t SELECT customer, amount FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY customer ORDER BY amount * 2) AS rn FROM orders) WHERE rn <= 3;"),
@@ -906,6 +906,83 @@ INSERT INTO firsts SELECT k, id FROM (
     run_ok(&mut sql(&script, 1));
     let expected: Vec<String> = (0..10).map(|k| format!("{k}\t{k}")).collect();
     assert_same("first per key", &committed_sorted(&out), &expected);
+}
+
+/// Ranks of `rows` sorted by `key` descending: `RANK()` (ties share, the next skips) or
+/// `DENSE_RANK()` (ties share, the next does not skip).
+fn tied_ranks(keys: &[u64], dense: bool) -> Vec<u64> {
+    let mut ranks: Vec<u64> = Vec::with_capacity(keys.len());
+    for (i, k) in keys.iter().enumerate() {
+        let rank = match ranks.last() {
+            Some(&r) if keys[i - 1] == *k => r,
+            Some(&r) if dense => r + 1,
+            _ => i as u64 + 1,
+        };
+        ranks.push(rank);
+    }
+    ranks
+}
+
+/// `RANK()` and `DENSE_RANK()` Top-Ns over rows with many ties, over an append-only input
+/// (only rows ranked up to N kept) and over a changelog (counts per key, so ties come and go
+/// as counts grow), at parallelism 2: the tables they leave are the reference.
+#[test]
+fn rank_and_dense_rank_top_ns_keep_every_tied_row_at_parallelism_2() {
+    let rows = 2_000u64;
+    let numbers = format!("CREATE TABLE numbers (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '{rows}', 'fields.id.kind' = 'sequence', 'fields.id.start' = '0', 'rows-per-second' = '0');");
+    for (function, dense, n) in [("RANK", false, 40u64), ("DENSE_RANK", true, 3)] {
+        let script = format!(
+            "{numbers}
+SELECT b, v, id, r FROM (
+  SELECT b, v, id, {function}() OVER (PARTITION BY b ORDER BY v DESC) AS r
+  FROM (SELECT id % 5 AS b, id * 7 % 13 AS v, id FROM numbers)
+) WHERE r <= {n};"
+        );
+        let out = run_ok(&mut sql(&script, 2));
+        let got = apply_changelog(&String::from_utf8_lossy(&out.stdout));
+        let mut expected = Vec::new();
+        for b in 0..5u64 {
+            let mut ids: Vec<u64> = (0..rows).filter(|id| id % 5 == b).collect();
+            ids.sort_by_key(|id| std::cmp::Reverse(id * 7 % 13));
+            let values: Vec<u64> = ids.iter().map(|id| id * 7 % 13).collect();
+            for ((id, v), r) in ids.iter().zip(&values).zip(tied_ranks(&values, dense)) {
+                if r <= n {
+                    expected.push(format!("{b}, {v}, {id}, {r}"));
+                }
+            }
+        }
+        expected.sort_unstable();
+        assert!(
+            expected.len() as u64 > 5 * n,
+            "{function}: ties must be kept"
+        );
+        assert_same(&format!("{function} over appends"), &got, &expected);
+
+        let script = format!(
+            "{numbers}
+CREATE VIEW counts AS SELECT id % 23 AS k, COUNT(*) AS c FROM numbers GROUP BY id % 23;
+SELECT b, k, c, r FROM (
+  SELECT b, k, c, {function}() OVER (PARTITION BY b ORDER BY c DESC) AS r
+  FROM (SELECT k % 2 AS b, k, c FROM counts)
+) WHERE r <= 2;"
+        );
+        let out = run_ok(&mut sql(&script, 2));
+        let got = apply_changelog(&String::from_utf8_lossy(&out.stdout));
+        let mut expected = Vec::new();
+        for b in 0..2u64 {
+            let count = |k: &u64| (0..rows).filter(|id| id % 23 == *k).count() as u64;
+            let mut keys: Vec<u64> = (0..23).filter(|k| k % 2 == b).collect();
+            keys.sort_by_key(|k| std::cmp::Reverse(count(k)));
+            let counts: Vec<u64> = keys.iter().map(count).collect();
+            for ((k, c), r) in keys.iter().zip(&counts).zip(tied_ranks(&counts, dense)) {
+                if r <= 2 {
+                    expected.push(format!("{b}, {k}, {c}, {r}"));
+                }
+            }
+        }
+        expected.sort_unstable();
+        assert_same(&format!("{function} over a changelog"), &got, &expected);
+    }
 }
 
 /// Every auction of the first `events` events.

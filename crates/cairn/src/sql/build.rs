@@ -568,15 +568,24 @@ impl Builder<'_> {
             }
             Node::Rank {
                 input,
+                kind,
                 partition,
                 order,
                 range,
                 at,
             } => {
-                let range = range.ok_or_else(|| rank::unbounded_error(*at))?;
+                let range = range.ok_or_else(|| rank::unbounded_error(*kind, *at))?;
                 let mark = self.plan.len();
                 let inner = self.build(input, prefix, depth + 1)?;
-                let text = format!("rank {partition:?} {order:?} {range:?} {:?}", self.ttl);
+                // ROW_NUMBER's text (and so its uid) is what it was before RANK() existed.
+                let function = match kind {
+                    rank::RankKind::RowNumber => String::new(),
+                    other => format!(" {}", other.name()),
+                };
+                let text = format!(
+                    "rank{function} {partition:?} {order:?} {range:?} {:?}",
+                    self.ttl
+                );
                 let d = digest(&text, &[inner.digest]);
                 let uid = self.unique(format!("{prefix}.rank-{d:08x}"));
                 let dedup = rank::dedup(rel);
@@ -585,6 +594,7 @@ impl Builder<'_> {
                     .copied()
                     .find(|&c| input.columns[c].time == Time::WindowEnd);
                 let f = rank::RankFn {
+                    kind: *kind,
                     expire,
                     order: order.iter().copied().collect(),
                     range,
@@ -613,7 +623,12 @@ impl Builder<'_> {
                 let what = match dedup {
                     Some(true) => "deduplicate, last row".to_string(),
                     Some(false) => "deduplicate, first row".to_string(),
-                    None => format!("top-n, ranks {}..{}", range.0, range.1),
+                    None => format!(
+                        "top-n{}, ranks {}..{}",
+                        function.to_lowercase().replace(' ', " by "),
+                        range.0,
+                        range.1
+                    ),
                 };
                 let ttl = self
                     .ttl

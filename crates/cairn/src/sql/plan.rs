@@ -129,11 +129,12 @@ pub enum Node {
         /// interval join): rows are kept only while they can still join.
         bounds: Option<TimeBounds>,
     },
-    /// `ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order)` kept to the ranks `range`
-    /// (1-based, inclusive; `None` until a filter of the enclosing query bounds it): its
-    /// columns are the input's, then the row number.
+    /// `ROW_NUMBER()` (or `RANK()`, `DENSE_RANK()`: `kind`) `OVER (PARTITION BY partition
+    /// ORDER BY order)` kept to the ranks `range` (1-based, inclusive; `None` until a filter
+    /// of the enclosing query bounds it): its columns are the input's, then the rank.
     Rank {
         input: Box<Rel>,
+        kind: super::rank::RankKind,
         partition: Vec<usize>,
         /// Sort columns, each with whether it is descending.
         order: Vec<(usize, bool)>,
@@ -998,7 +999,7 @@ fn function(f: &ast::Function, scope: &Scope, at: Location) -> Result<(Expr, Sql
     if f.over.is_some() {
         return unsupported(
             at,
-            &format!("{name}() OVER (…) here (ROW_NUMBER() OVER (…) is a select item of a query without GROUP BY, for Top-N and deduplication; OVER aggregations are not supported)"),
+            &format!("{name}() OVER (…) here (ROW_NUMBER(), RANK() and DENSE_RANK() OVER (…) are select items of a query without GROUP BY, for Top-N and deduplication; OVER aggregations are not supported)"),
         );
     }
     if is_aggregate(&name) {
@@ -2469,7 +2470,7 @@ fn plan_aggregate(
         if f.over.is_some() {
             return err(
                 fat,
-                format!("{name}() OVER (…) is not supported (OVER aggregations; ROW_NUMBER() OVER (…) is, for Top-N and deduplication)"),
+                format!("{name}() OVER (…) is not supported (OVER aggregations; ROW_NUMBER(), RANK() and DENSE_RANK() OVER (…) are, for Top-N and deduplication)"),
             );
         }
         let (arg, arg_ty) = match args.first() {

@@ -1,11 +1,14 @@
-//! Top-N and deduplication: `ROW_NUMBER() OVER (PARTITION BY … ORDER BY …)` in a query, kept
-//! to some ranks by a filter on the row number in the enclosing query (`WHERE rn <= N`,
-//! `rn = 1`), planned as one [`Node::Rank`] and run as a keyed operator whose state is each
-//! partition's rows in rank order.
+//! Top-N and deduplication: `ROW_NUMBER()`, `RANK()` or `DENSE_RANK()` `OVER (PARTITION BY …
+//! ORDER BY …)` in a query, kept to some ranks by a filter on the rank in the enclosing query
+//! (`WHERE rn <= N`, `rn = 1`), planned as one [`Node::Rank`] and run as a keyed operator whose
+//! state is each partition's rows in rank order.
 //!
-//! The operator emits a changelog of ranked rows: a row that enters a kept rank is `+I` (or
-//! `+U` after the `-U` of the row that held the rank), a row that leaves the kept ranks is
-//! `-D`. Over an append-only input only the top `N` rows of a partition are kept (a row below
+//! The operator emits a changelog of ranked rows. With `ROW_NUMBER()` a row that enters a kept
+//! rank is `+I` (or `+U` after the `-U` of the row that held the rank), a row that leaves the
+//! kept ranks is `-D`. `RANK()` (ties share a rank, the next rank skips) and `DENSE_RANK()`
+//! (ties share a rank, the next does not skip) may give several rows one rank, so their rows
+//! are not updates of a rank: a kept (row, rank) that changes is `-D` of the old and `+I` of
+//! the new. Over an append-only input only the rows ranked up to `N` are kept (a row below
 //! them can never rise); over a changelog every row is kept, since a retraction lets the next
 //! one rise.
 
@@ -38,21 +41,52 @@ pub(super) fn over_call(item: &ast::SelectItem) -> Option<&ast::Function> {
     }
 }
 
-/// `rel` ranked by the `ROW_NUMBER() OVER (…)` call `f`: its columns and then the row number.
-/// The ranks it keeps come later, from a filter of the enclosing query ([`push_filter`]).
+/// How a rank numbers rows equal in the sort order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankKind {
+    /// `ROW_NUMBER()`: 1, 2, 3, … whatever the ties (in their order of arrival).
+    RowNumber,
+    /// `RANK()`: ties share a rank and the next rank skips (1, 1, 3).
+    Rank,
+    /// `DENSE_RANK()`: ties share a rank and the next does not skip (1, 1, 2).
+    DenseRank,
+}
+
+impl RankKind {
+    fn of(name: &str) -> Option<RankKind> {
+        match name {
+            "ROW_NUMBER" => Some(RankKind::RowNumber),
+            "RANK" => Some(RankKind::Rank),
+            "DENSE_RANK" => Some(RankKind::DenseRank),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RankKind::RowNumber => "ROW_NUMBER",
+            RankKind::Rank => "RANK",
+            RankKind::DenseRank => "DENSE_RANK",
+        }
+    }
+}
+
+/// `rel` ranked by the `ROW_NUMBER()`, `RANK()` or `DENSE_RANK()` `OVER (…)` call `f`: its
+/// columns and then the rank. The ranks it keeps come later, from a filter of the enclosing
+/// query ([`push_filter`]).
 pub(super) fn plan_rank(rel: Rel, f: &ast::Function) -> Result<Rel> {
     let at = f.name.span().start;
     let name = f.name.to_string().to_uppercase();
-    if name != "ROW_NUMBER" {
+    let Some(kind) = RankKind::of(&name) else {
         return Err(SqlError::at(
             at,
-            format!("{name}() OVER (…) is not supported (only ROW_NUMBER() for Top-N and deduplication; no OVER aggregations)"),
+            format!("{name}() OVER (…) is not supported (only ROW_NUMBER(), RANK() and DENSE_RANK() for Top-N and deduplication; no OVER aggregations)"),
         ));
-    }
+    };
     if !matches!(&f.args, ast::FunctionArguments::None)
         && !matches!(&f.args, ast::FunctionArguments::List(l) if l.args.is_empty())
     {
-        return Err(SqlError::at(at, "ROW_NUMBER() takes no arguments"));
+        return Err(SqlError::at(at, format!("{name}() takes no arguments")));
     }
     let Some(ast::WindowType::WindowSpec(spec)) = &f.over else {
         return Err(SqlError::at(
@@ -63,13 +97,13 @@ pub(super) fn plan_rank(rel: Rel, f: &ast::Function) -> Result<Rel> {
     if spec.window_frame.is_some() {
         return Err(SqlError::at(
             at,
-            "ROW_NUMBER() OVER (…) takes no window frame (ROWS/RANGE)",
+            format!("{name}() OVER (…) takes no window frame (ROWS/RANGE)"),
         ));
     }
     let scope = Scope::new(&rel.columns);
     let column = |e: &ast::Expr| {
         named_column(&scope, e, |e| {
-            format!("PARTITION BY and ORDER BY of ROW_NUMBER() must name columns, not '{e}' (compute it in a subquery)")
+            format!("PARTITION BY and ORDER BY of {name}() must name columns, not '{e}' (compute it in a subquery)")
         })
     };
     let partition = spec
@@ -78,14 +112,17 @@ pub(super) fn plan_rank(rel: Rel, f: &ast::Function) -> Result<Rel> {
         .map(column)
         .collect::<Result<Vec<_>>>()?;
     if spec.order_by.is_empty() {
-        return Err(SqlError::at(at, "ROW_NUMBER() OVER (…) needs an ORDER BY"));
+        return Err(SqlError::at(
+            at,
+            format!("{name}() OVER (…) needs an ORDER BY"),
+        ));
     }
     let order = spec
         .order_by
         .iter()
         .map(|o| sort_key(o, &column))
         .collect::<Result<Vec<_>>>()?;
-    Ok(ranked_rel(rel, partition, order, None, at))
+    Ok(ranked_rel(rel, kind, partition, order, None, at))
 }
 
 /// The column `e` names in `scope`; an expression that is not a column is the error `refusal`
@@ -128,9 +165,10 @@ fn sort_key(
     Ok((column(&o.expr)?, desc))
 }
 
-/// `rel` ranked: its columns (no longer time attributes), then the row number.
+/// `rel` ranked: its columns (no longer time attributes), then the rank.
 fn ranked_rel(
     rel: Rel,
+    kind: RankKind,
     partition: Vec<usize>,
     order: Vec<(usize, bool)>,
     range: Option<(u64, u64)>,
@@ -155,6 +193,7 @@ fn ranked_rel(
         updating: true,
         node: Node::Rank {
             input: Box::new(rel),
+            kind,
             partition,
             order,
             range,
@@ -187,7 +226,7 @@ pub(super) fn order_limit(
     }
     let width = rel.columns.len();
     let range = Some((offset + 1, offset.saturating_add(limit)));
-    let ranked = ranked_rel(rel, Vec::new(), order, range, at);
+    let ranked = ranked_rel(rel, RankKind::RowNumber, Vec::new(), order, range, at);
     // The row number is not a column of the query.
     let columns = ranked.columns[..width].to_vec();
     let project = (0..width).map(Expr::Col).collect();
@@ -302,6 +341,7 @@ fn bound(c: &Expr, rn: usize) -> Option<(BinOp, i64)> {
 pub(super) fn dedup(rel: &Rel) -> Option<bool> {
     let Node::Rank {
         input,
+        kind: RankKind::RowNumber,
         order,
         range: Some((1, 1)),
         ..
@@ -329,6 +369,7 @@ pub(super) fn appends_only(rel: &Rel) -> bool {
 /// The keyed operator of a rank: per partition, its rows in rank order.
 #[derive(Clone)]
 pub(super) struct RankFn {
+    pub kind: RankKind,
     /// The partition column that is a window's end, if one is: a partition is dropped when
     /// the watermark passes its window (a window Top-N).
     pub expire: Option<usize>,
@@ -368,6 +409,80 @@ fn ranked(values: &[Value], rank: usize, kind: RowKind) -> Row {
     Row { kind, values: v }
 }
 
+impl RankFn {
+    /// The rank of each row of `rows` (in rank order), by this rank's kind.
+    fn ranks(&self, rows: &[Vec<Value>]) -> Vec<u64> {
+        let mut ranks: Vec<u64> = Vec::with_capacity(rows.len());
+        for (i, r) in rows.iter().enumerate() {
+            let tie = i > 0 && self.compare(&rows[i - 1], r) == Ordering::Equal;
+            let rank = match (self.kind, ranks.last()) {
+                (RankKind::RowNumber, _) | (_, None) => i as u64 + 1,
+                (_, Some(&previous)) if tie => previous,
+                (RankKind::Rank, _) => i as u64 + 1,
+                (RankKind::DenseRank, Some(&previous)) => previous + 1,
+            };
+            ranks.push(rank);
+        }
+        ranks
+    }
+
+    /// The rows of `rows` in the kept ranks, with their ranks.
+    fn kept(&self, rows: &[Vec<Value>]) -> Vec<(Vec<Value>, u64)> {
+        let (first, last) = self.range;
+        rows.iter()
+            .zip(self.ranks(rows))
+            .take_while(|(_, rank)| *rank <= last)
+            .filter(|(_, rank)| *rank >= first)
+            .map(|(r, rank)| (r.clone(), rank))
+            .collect()
+    }
+
+    /// [`KeyedProcessFunction::process`] of `RANK()` and `DENSE_RANK()`, whose ranks ties
+    /// share: the kept (row, rank) pairs before and after the row are compared, and each
+    /// that went is `-D`, each that came `+I`.
+    fn process_tied(
+        &self,
+        row: Row,
+        state: &ValueState<Vec<Vec<Value>>>,
+        ctx: &mut KeyedContext<Vec<Value>>,
+        out: &mut Collector<Row>,
+    ) -> TaskResult {
+        let rows = state.get_mut(ctx, Vec::new)?;
+        let before = self.kept(rows);
+        if row.kind.is_addition() {
+            let at = rows.partition_point(|r| self.compare(r, &row.values) != Ordering::Greater);
+            rows.insert(at, row.values);
+            if !self.keep_all {
+                // Over an append-only input a row ranked below the kept ranks never rises.
+                let keep = self
+                    .ranks(rows)
+                    .iter()
+                    .take_while(|&&r| r <= self.range.1)
+                    .count();
+                rows.truncate(keep);
+            }
+        } else if let Some(at) = rows.iter().position(|r| *r == row.values) {
+            rows.remove(at);
+        }
+        let mut after = self.kept(rows);
+        if rows.is_empty() {
+            state.clear(ctx)?;
+        }
+        for (values, rank) in before {
+            match after.iter().position(|a| a.0 == values && a.1 == rank) {
+                Some(i) => {
+                    after.swap_remove(i);
+                }
+                None => out.collect(ranked(&values, rank as usize - 1, RowKind::Delete)),
+            }
+        }
+        for (values, rank) in after {
+            out.collect(ranked(&values, rank as usize - 1, RowKind::Insert));
+        }
+        Ok(())
+    }
+}
+
 impl KeyedProcessFunction<Vec<Value>, Row, Row> for RankFn {
     fn open(&mut self, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
         self.state = Some(super::build::value_state(ctx, RANK_STATE, self.ttl)?);
@@ -387,6 +502,9 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for RankFn {
             if state.value(ctx)?.is_none() {
                 super::build::expire_with_window(&row.values[c], ctx)?;
             }
+        }
+        if self.kind != RankKind::RowNumber {
+            return self.process_tied(row, &state, ctx, out);
         }
         let (first, last) = (self.range.0 as usize - 1, self.range.1 as usize);
         let rows = state.get_mut(ctx, Vec::new)?;
@@ -460,9 +578,9 @@ impl KeyedProcessFunction<Vec<Value>, Row, Row> for RankFn {
 }
 
 /// The location of a rank, for its errors.
-pub(super) fn unbounded_error(at: Location) -> SqlError {
+pub(super) fn unbounded_error(kind: RankKind, at: Location) -> SqlError {
     SqlError::at(
         at,
-        "ROW_NUMBER() needs a filter on its result in the enclosing query (WHERE rn <= N, or rn = 1 to deduplicate): a Top-N without a bound is not supported",
+        format!("{}() needs a filter on its result in the enclosing query (WHERE rn <= N, or rn = 1 to deduplicate): a Top-N without a bound is not supported", kind.name()),
     )
 }
