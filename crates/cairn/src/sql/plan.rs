@@ -1267,15 +1267,14 @@ pub fn plan_query(q: &ast::Query, catalog: &Catalog) -> Result<Rel> {
     };
     match (order_by, limit) {
         (None, None) => plan_set_expr(&q.body, catalog),
-        (Some(order_by), Some((limit, offset))) => {
+        (order_by, Some((limit, offset))) => {
             let rel = plan_set_expr(&q.body, catalog)?;
-            rank::order_limit(rel, order_by, limit, offset, at)
+            rank::order_limit(rel, order_by.map_or(&[][..], |o| o), limit, offset, at)
         }
         (Some(_), None) => unsupported(
             at,
             "ORDER BY without LIMIT in a streaming query (a sorted stream never ends; add LIMIT for a Top-N)",
         ),
-        (None, Some(_)) => unsupported(at, "LIMIT without ORDER BY"),
     }
 }
 

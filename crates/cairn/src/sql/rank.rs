@@ -202,8 +202,10 @@ fn ranked_rel(
     }
 }
 
-/// A query's `ORDER BY … LIMIT n [OFFSET m]` over `rel`: a Top-N of all its rows (one
+/// A query's `[ORDER BY …] LIMIT n [OFFSET m]` over `rel`: a Top-N of all its rows (one
 /// partition, so one subtask keeps it, as in Flink), ranks `m + 1 ..= m + n`, a changelog.
+/// Without `ORDER BY` every row ties, so rows rank in their order of arrival: over an
+/// append-only input the first `m + n` rows are kept and the result only appends.
 pub(super) fn order_limit(
     rel: Rel,
     order_by: &[ast::OrderByExpr],
@@ -226,7 +228,9 @@ pub(super) fn order_limit(
     }
     let width = rel.columns.len();
     let range = Some((offset + 1, offset.saturating_add(limit)));
-    let ranked = ranked_rel(rel, RankKind::RowNumber, Vec::new(), order, range, at);
+    let appends = order.is_empty() && !rel.updating;
+    let mut ranked = ranked_rel(rel, RankKind::RowNumber, Vec::new(), order, range, at);
+    ranked.updating = !appends;
     // The row number is not a column of the query.
     let columns = ranked.columns[..width].to_vec();
     let project = (0..width).map(Expr::Col).collect();
