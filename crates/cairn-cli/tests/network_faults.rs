@@ -356,7 +356,7 @@ fn cluster_with_an_unanswering_peer(
 #[test]
 fn a_connect_to_an_unanswering_peer_times_out() {
     let tmp = tempfile::tempdir().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     let (_listener, _queued, nowhere) = unanswering_address();
     let (mut cluster, first, mut second) =
         cluster_with_an_unanswering_peer(&tmp.path().join("ck"), nowhere, 1, deadline);
@@ -375,7 +375,7 @@ fn a_connect_to_an_unanswering_peer_times_out() {
     // The connect timeout is 5 s; the operating system's own, some two minutes.
     let line = second.wait_for_line_containing(
         &format!("at {nowhere}: connection timed out"),
-        started + Duration::from_secs(30),
+        started + Duration::from_secs(75),
     );
     assert!(line.contains("cannot connect to worker"), "{line}");
     cluster.workers = vec![first, second];

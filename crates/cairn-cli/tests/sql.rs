@@ -1703,3 +1703,65 @@ INSERT INTO p SELECT id, CAST(id * 1000.5 AS DECIMAL(7, 1)), CASE WHEN id > 999 
     ];
     assert_same("decimals", &got, &expected.map(String::from));
 }
+
+/// A window aggregation may GROUP BY window_time besides window_start and window_end (Flink
+/// allows it), and a second window aggregation over that window_time cascades: 2 s counts per
+/// auction summed into 10 s windows (the window columns renamed, as Flink's cascading example
+/// does).
+#[test]
+fn a_window_aggregation_may_group_by_window_time_and_cascade() {
+    let events = 30_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let script = format!(
+        "{}
+CREATE VIEW per_2s AS
+SELECT auction, window_start AS start_2s, window_time AS rowtime, COUNT(*) AS bids
+FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))
+GROUP BY auction, window_start, window_end, window_time;
+CREATE TABLE cascaded (
+    auction BIGINT, window_start TIMESTAMP(3), window_end TIMESTAMP(3),
+    bids BIGINT, windows BIGINT
+) WITH ({});
+INSERT INTO cascaded
+SELECT auction, window_start, window_end, SUM(bids), COUNT(*)
+FROM TABLE(TUMBLE(TABLE per_2s, DESCRIPTOR(rowtime), INTERVAL '10' SECOND))
+GROUP BY auction, window_start, window_end;",
+        ddl(events),
+        into_files(&out)
+    );
+    let mut per_2s: std::collections::BTreeMap<(i64, i64), u64> = Default::default();
+    for b in bids(events) {
+        *per_2s
+            .entry((b.auction, b.date_time - b.date_time.rem_euclid(2_000)))
+            .or_default() += 1;
+    }
+    let mut per_10s: std::collections::BTreeMap<(i64, i64), (u64, u64)> = Default::default();
+    for ((auction, start), n) in per_2s {
+        // window_time is the 2 s window's last millisecond.
+        let time = start + 2_000 - 1;
+        let w = per_10s
+            .entry((auction, time - time.rem_euclid(10_000)))
+            .or_default();
+        w.0 += n;
+        w.1 += 1;
+    }
+    assert!(
+        per_10s.values().any(|w| w.1 > 1),
+        "some 10 s windows sum several"
+    );
+    let mut expected: Vec<String> = per_10s
+        .iter()
+        .map(|(&(auction, start), &(n, windows))| {
+            format!(
+                "{auction}\t{}\t{}\t{n}\t{windows}",
+                timestamp_text(start),
+                timestamp_text(start + 10_000)
+            )
+        })
+        .collect();
+    expected.sort_unstable();
+    run_ok(&mut sql(&script, 2));
+    assert_no_leftovers(&out);
+    assert_same("cascaded", &committed_sorted(&out), &expected);
+}

@@ -8,6 +8,9 @@
 //!
 //! Idleness across channels: a source subtask whose only split is idle marks its channels
 //! idle, so the window downstream fires on the other channel's event time alone.
+//!
+//! A checkpoint carries the watermark of every record read before it, even when the periodic
+//! emission is not yet due.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -396,4 +399,111 @@ fn without_idleness_a_silent_source_subtask_holds_back_every_window() {
         |source, _| source.emitted.lock().unwrap().len() >= 300,
         |fired| assert!(fired.0.lock().unwrap().is_empty(), "a window fired"),
     );
+}
+
+/// One split whose reader emits nothing at its first poll, then `SILENT_AFTER` records (key
+/// i mod 3, time 10 i ms), then nothing until `finish` is set.
+#[derive(Clone, Default)]
+struct GoesSilent {
+    finish: Arc<AtomicBool>,
+}
+
+const SILENT_AFTER: u64 = 300;
+
+struct GoesSilentReader {
+    polls: u64,
+    next: u64,
+    finish: Arc<AtomicBool>,
+}
+
+impl Source<Rec> for GoesSilent {
+    fn create_splits(&self, _parallelism: u32) -> TaskResult<Vec<Vec<u8>>> {
+        Ok(vec![vec![0]])
+    }
+    fn create_reader(
+        &self,
+        _subtask: u32,
+        _parallelism: u32,
+        _splits: Vec<Vec<u8>>,
+    ) -> TaskResult<Box<dyn SourceReader<Rec>>> {
+        Ok(Box::new(GoesSilentReader {
+            polls: 0,
+            next: 0,
+            finish: self.finish.clone(),
+        }))
+    }
+}
+
+impl SourceReader<Rec> for GoesSilentReader {
+    fn poll(&mut self, out: &mut Vec<Rec>, max: usize) -> TaskResult<SourceStatus> {
+        if self.finish.load(Ordering::Acquire) {
+            return Ok(SourceStatus::Exhausted);
+        }
+        // Nothing at the first poll, so the records come after the first periodic emission.
+        self.polls += 1;
+        while self.polls > 1 && self.next < SILENT_AFTER && out.len() < max {
+            out.push((self.next % 3, 10 * self.next as i64, self.next));
+            self.next += 1;
+        }
+        Ok(SourceStatus::IdleUntil(
+            Instant::now() + Duration::from_millis(1),
+        ))
+    }
+    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
+        Ok(vec![self.next.to_le_bytes().to_vec()])
+    }
+}
+
+/// The periodic watermark emission is an hour away, but a checkpoint's watermark covers every
+/// record read before it (a restored source does not read them again), so the windows of a
+/// source that read its records and went silent fire at its next checkpoint.
+#[test]
+fn a_checkpoint_carries_the_watermark_of_every_record_read_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, fired) = (GoesSilent::default(), Collect::<Row>::default());
+    let env = StreamEnv::new();
+    count_windows(
+        env.source_with_watermarks(source.clone(), WatermarkStrategy::monotonous(|r: &Rec| r.1))
+            .uid("source"),
+        fired.clone(),
+    );
+    let graph = env.build("silent").unwrap();
+    let mut config = config(dir.path());
+    config.parallelism = 1;
+    config.auto_watermark_interval = Duration::from_secs(3600);
+    let opts = RunOptions {
+        config,
+        ..RunOptions::default()
+    };
+    let runner = std::thread::spawn(move || run_job(&graph, opts));
+    let records: Vec<Rec> = (0..SILENT_AFTER)
+        .map(|i| (i % 3, 10 * i as i64, i))
+        .collect();
+    // The watermark is the newest record's time less 1 ms: its window stays open.
+    let newest_window = 10 * (SILENT_AFTER as i64 - 1) / WINDOW_MS * WINDOW_MS;
+    let closed: Vec<Row> = reference(&records)
+        .into_iter()
+        .filter(|w| w.1 < newest_window)
+        .collect();
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let mut got = fired.0.lock().unwrap().clone();
+        got.sort();
+        if got == closed {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the windows of the records read before a checkpoint did not fire: {} of {}",
+            got.len(),
+            closed.len()
+        );
+        assert!(!runner.is_finished(), "the job ended early");
+        std::thread::park_timeout(Duration::from_millis(5));
+    }
+    source.finish.store(true, Ordering::Release);
+    runner.join().unwrap().expect("the job finishes");
+    let mut got = fired.0.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(got, reference(&records));
 }

@@ -749,6 +749,26 @@ impl<T> SourceBody<T> {
     }
 }
 
+impl<T> SourceBody<T> {
+    /// The watermark generator's decision over the records read so far: when the periodic
+    /// emission is due, or at once if `now_anyway` (a checkpoint).
+    fn decide_watermark(&mut self, now_anyway: bool) -> Option<WatermarkOutput> {
+        let time = self.time.as_mut()?;
+        let now = std::time::Instant::now();
+        time.watermarks
+            .ensure_splits(self.reader.split_count(), now);
+        if !now_anyway && !time.watermarks.due(now) {
+            return None;
+        }
+        for i in 0..self.reader.split_count() {
+            if self.reader.split_finished(i) {
+                time.watermarks.on_split_finished(i);
+            }
+        }
+        time.watermarks.emit(now)
+    }
+}
+
 /// The watermark to resume from: the smallest one the restored subtasks had emitted.
 pub fn restored_watermark(entries: &[Vec<u8>]) -> TaskResult<i64> {
     let mut min: Option<i64> = None;
@@ -785,28 +805,18 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
         }
         let status = self.reader.poll(&mut self.buf, BATCH_RECORDS_MAX)?;
         let n = self.buf.len();
-        let mut decided = None;
-        if let Some(time) = &mut self.time {
+        if let (Some(time), true) = (&mut self.time, n > 0) {
             let now = std::time::Instant::now();
             // A source may find new splits (a Kafka topic's new partitions) as it runs.
             time.watermarks
                 .ensure_splits(self.reader.split_count(), now);
-            if n > 0 {
-                let split = self.reader.last_split();
-                for r in &self.buf {
-                    time.watermarks.on_record(split, (time.timestamp)(r));
-                }
-                time.watermarks.on_batch(split, now);
+            let split = self.reader.last_split();
+            for r in &self.buf {
+                time.watermarks.on_record(split, (time.timestamp)(r));
             }
-            if time.watermarks.due(now) {
-                for i in 0..self.reader.split_count() {
-                    if self.reader.split_finished(i) {
-                        time.watermarks.on_split_finished(i);
-                    }
-                }
-                decided = time.watermarks.emit(now);
-            }
+            time.watermarks.on_batch(split, now);
         }
+        let decided = self.decide_watermark(false);
         if n > 0 {
             self.chain.push(&mut self.buf)?;
         }
@@ -828,6 +838,12 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
         self.output(Some(WatermarkOutput::Watermark(WATERMARK_MAX)))
     }
     fn snapshot(&mut self, id: Barrier, out: &mut Vec<OperatorSnapshot>) -> TaskResult {
+        // The watermark the checkpoint records covers every record read before it: a restored
+        // source does not read those records again, so a periodic emission still owed for
+        // them would otherwise be lost (and with it, at the end of the input, the last
+        // windows).
+        let decided = self.decide_watermark(true);
+        self.output(decided)?;
         let splits = self.reader.snapshot()?;
         self.reader.snapshot_taken(id.id);
         let splits = OperatorListData::connector(SOURCE_SPLITS_STATE, "source split", splits);

@@ -526,23 +526,31 @@ impl TaskRuntime {
     }
 
     /// Waits for priority or regular mail, until `deadline` (None: timer expired).
+    /// Only the mailbox disconnecting cancels the task: the priority mailbox's senders may all
+    /// be gone while regular mail (the upstream tasks' ends of stream) is still queued.
     fn wait(&self, deadline: Option<Instant>) -> TaskResult<Option<Mail>> {
         let mut sel = Select::new();
         let p = sel.recv(&self.priority);
         sel.recv(&self.mailbox);
-        let oper = match deadline {
-            Some(d) => match sel.select_deadline(d) {
-                Ok(o) => o,
-                Err(_) => return Ok(None),
-            },
-            None => sel.select(),
-        };
-        let mail = if oper.index() == p {
-            oper.recv(&self.priority)
-        } else {
-            oper.recv(&self.mailbox)
-        };
-        mail.map(Some).map_err(|_| TaskError::Cancelled)
+        loop {
+            let oper = match deadline {
+                Some(d) => match sel.select_deadline(d) {
+                    Ok(o) => o,
+                    Err(_) => return Ok(None),
+                },
+                None => sel.select(),
+            };
+            if oper.index() != p {
+                let mail = oper.recv(&self.mailbox);
+                return mail.map(Some).map_err(|_| TaskError::Cancelled);
+            }
+            match oper.recv(&self.priority) {
+                Ok(mail) => return Ok(Some(mail)),
+                Err(_) => {
+                    sel.remove(p);
+                }
+            }
+        }
     }
 
     /// Takes everything queued in the mailbox into the inbox, so the handler can look at it.
@@ -935,6 +943,37 @@ mod tests {
             stopped: false,
         };
         (rt, mail_tx, prio_tx)
+    }
+
+    /// Every sender of priority mail gone (the upstream tasks ended) is no cancellation: the
+    /// wait goes on to the mail still queued and then to the end of the input.
+    #[test]
+    fn a_wait_takes_queued_mail_after_the_priority_channel_disconnected() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let chain: Box<dyn Chain<u32>> =
+            Box::new(Link::new(Record(seen.clone()), Box::new(NullChain)));
+        let restored = ChannelStateData {
+            channels_total: 1,
+            channels: Vec::new(),
+        };
+        let (mut rt, mail_tx, prio_tx) = operator_task(chain, 1, restored);
+        drop(prio_tx);
+        let runner = std::thread::spawn(move || rt.run());
+        // Sent apart, so the task waits with the priority mailbox disconnected in between.
+        for element in [7u32, 8, 9]
+            .map(|r| Element::Batch(Box::new(vec![r])))
+            .into_iter()
+            .chain([Element::EndOfStream])
+        {
+            std::thread::park_timeout(Duration::from_millis(20));
+            // A task that ended dropped its mailbox: the join below says why.
+            let _ = mail_tx.send(Mail::Data {
+                channel: 0,
+                element,
+            });
+        }
+        runner.join().unwrap().expect("the task finishes its input");
+        assert_eq!(*seen.lock().unwrap(), vec![7, 8, 9]);
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! is the minimum over its input channels that are not idle ([`WatermarkValve`]); it only ever
 //! grows. A source subtask derives its watermark from the timestamps of the records of each of
 //! its splits ([`SourceWatermarks`]): the minimum over its splits, emitted periodically
-//! (`pipeline.auto-watermark-interval`), and `i64::MAX` once every split is read to its end.
+//! (`pipeline.auto-watermark-interval`) and in front of every checkpoint barrier (so that the
+//! watermark a checkpoint records covers every record read before it), and `i64::MAX` once
+//! every split is read to its end.
 //!
 //! Watermarks are not persisted with in-flight data: after a restore a source emits the
 //! watermark it had reached at the checkpoint (the smallest one of the subtasks restored into

@@ -2410,7 +2410,8 @@ fn plan_aggregate(
             _ => None,
         };
         if let (Some(n), Some(_)) = (name, &from.window) {
-            if WINDOW_COLUMNS[..2].contains(&n) && scope.find(n, g.span().start)?.is_none() {
+            // window_time is the window's too (a cascaded window aggregation groups by it).
+            if WINDOW_COLUMNS.contains(&n) && scope.find(n, g.span().start)?.is_none() {
                 window_keys.push(n.to_string());
                 continue;
             }
@@ -2431,7 +2432,8 @@ fn plan_aggregate(
         key_texts.push(g.to_string());
     }
     if let Some((kind, _, partition)) = &from.window {
-        if window_keys.len() != 2 {
+        let by = |name: &str| window_keys.iter().filter(|k| *k == name).count();
+        if by("window_start") != 1 || by("window_end") != 1 || by("window_time") > 1 {
             return err(
                 at,
                 "a window aggregation must GROUP BY window_start, window_end",
