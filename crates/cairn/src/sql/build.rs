@@ -291,18 +291,24 @@ impl Builder<'_> {
     }
 
     /// A source reading `table`; `filter` is the condition its rows meet next, if any.
+    /// The source of `table`; `calc`, the filter and projection over it, may narrow what it
+    /// reads (the calc over the narrowed rows is returned then).
     fn scan(
         &mut self,
         table: &Arc<super::plan::Table>,
         prefix: &str,
-        filter: Option<&Expr>,
-    ) -> Result<(Built, String)> {
+        calc: Option<(Option<&Expr>, &[Expr])>,
+    ) -> Result<(Built, String, Option<connectors::NarrowedCalc>)> {
         let d = digest(
             &format!("scan {} {:?}", table.def.name, table.def.options),
             &[],
         );
         let uid = self.unique(format!("{prefix}.source-{}-{d:08x}", table.def.name));
-        let (stream, note) = connectors::source(self.env, table, &uid, self.seed, filter)?;
+        let connectors::Scanned {
+            stream,
+            note,
+            calc: narrowed,
+        } = connectors::source(self.env, table, &uid, self.seed, calc)?;
         self.records = self
             .records
             .zip(connectors::source_rows(table))
@@ -323,36 +329,44 @@ impl Builder<'_> {
                 .map_or("", String::as_str),
             note.map(|n| format!(", {n}")).unwrap_or_default(),
         );
-        Ok((Built { stream, digest: d }, line))
+        Ok((Built { stream, digest: d }, line, narrowed))
     }
 
     /// Builds `rel` (and its inputs, printed indented by `depth` into the plan).
     fn build(&mut self, rel: &Rel, prefix: &str, depth: usize) -> Result<Built> {
         let (built, line) = match &rel.node {
-            Node::Scan(table) => self.scan(table, prefix, None)?,
+            Node::Scan(table) => {
+                let (built, line, _) = self.scan(table, prefix, None)?;
+                (built, line)
+            }
             Node::Calc {
                 input,
                 filter,
                 project,
             } => {
                 let mark = self.plan.len();
-                let inner = match &input.node {
-                    // The source may skip rows the filter rejects.
+                let (inner, narrowed) = match &input.node {
+                    // The source may skip rows the filter rejects, and read only what the
+                    // calc uses.
                     Node::Scan(table) => {
-                        let (built, line) = self.scan(table, prefix, filter.as_ref())?;
+                        let calc = Some((filter.as_ref(), project.as_slice()));
+                        let (built, line, narrowed) = self.scan(table, prefix, calc)?;
                         let _ = writeln!(self.plan, "{}{line}", "  ".repeat(depth + 1));
-                        built
+                        (built, narrowed)
                     }
-                    _ => self.build(input, prefix, depth + 1)?,
+                    _ => (self.build(input, prefix, depth + 1)?, None),
                 };
+                // The uid is the calc's as planned, however its source reads.
                 let text = format!("calc filter={filter:?} project={project:?}");
                 let d = digest(&text, &[inner.digest]);
                 let uid = self.unique(format!("{prefix}.calc-{d:08x}"));
                 let rowtime = rel.columns.iter().position(|c| c.time == Time::Rowtime);
+                let (filter, project) =
+                    narrowed.unwrap_or_else(|| (filter.clone(), project.clone()));
                 let f = CalcFn {
+                    moves: Arc::new(moves(&project)),
                     filter: filter.clone(),
-                    project: Arc::new(project.clone()),
-                    moves: Arc::new(moves(project)),
+                    project: Arc::new(project),
                     scratch: Vec::new(),
                 };
                 let mut stream = inner.stream.process(f).uid(&uid).name("calc");

@@ -134,47 +134,84 @@ pub fn source_rows(table: &Table) -> Option<u64> {
     table.def.options.get(option)?.trim().parse().ok()
 }
 
+/// A table's rows as a scan gives them to the plan.
+pub struct Scanned {
+    /// The rows, with timestamps and watermarks when the table declares a `WATERMARK`.
+    pub stream: DataStream<Row>,
+    /// What EXPLAIN says of what the source skips.
+    pub note: Option<String>,
+    /// When the source read only what the calc over it uses (its rows narrower than the
+    /// table's), that calc's filter and projection over those rows.
+    pub calc: Option<NarrowedCalc>,
+}
+
+/// A calc's filter (None: every row passes) and projection over a source's narrowed rows.
+pub type NarrowedCalc = (Option<Expr>, Vec<Expr>);
+
 /// Reads a table: its rows, computed columns included, with timestamps and watermarks when
-/// it declares a `WATERMARK`. `filter`, the condition the rows meet next, lets a connector
-/// skip rows it knows fail it (the filter still runs after); the note says what it skips.
+/// it declares a `WATERMARK`. `calc`, the filter and projection the rows meet next, lets a
+/// connector skip rows it knows fail the filter (the filter still runs after), and read only
+/// the columns and fields the calc uses, which [`Scanned::calc`] then reads instead.
 pub fn source(
     env: &StreamEnv,
     table: &Arc<Table>,
     uid: &str,
     seed: u64,
-    filter: Option<&Expr>,
-) -> Result<(DataStream<Row>, Option<&'static str>)> {
+    calc: Option<(Option<&Expr>, &[Expr])>,
+) -> Result<Scanned> {
+    let filter = calc.and_then(|c| c.0);
     let name = connector(table)?;
     let mut options = Options::new(table);
     let stream = match name.as_str() {
         "nexmark" => {
             let only = filter.and_then(nexmark_kind);
-            let source = nexmark(table, &mut options, seed, only)?;
+            let mut source = nexmark(table, &mut options, seed, only)?;
             options.finish("nexmark", NEXMARK_OPTIONS)?;
-            let note = only.map(|kind| match kind {
-                EventKind::Person => "only persons",
-                EventKind::Auction => "only auctions",
-                EventKind::Bid => "only bids",
+            let mut note = only.map(|kind| match kind {
+                EventKind::Person => "only persons".to_string(),
+                EventKind::Auction => "only auctions".to_string(),
+                EventKind::Bid => "only bids".to_string(),
             });
-            // The event type is then a constant of the computed columns (the table's
-            // `dateTime` picks the kind's own time).
-            let known = only.map(|kind| {
-                let code = match kind {
-                    EventKind::Person => 0,
-                    EventKind::Auction => 1,
-                    EventKind::Bid => 2,
-                };
-                Expr::Lit(Value::Int(code))
-            });
+            // The event type is then a constant (the table's `dateTime` picks the kind's own
+            // time), and the other kinds' rows NULL.
+            let known = |col: usize, field: Option<usize>| match (only, col, field) {
+                (Some(kind), 0, None) => Some(Expr::Lit(Value::Int(kind_code(kind)))),
+                (Some(kind), 1..=3, _) if col != 1 + kind_code(kind) as usize => {
+                    Some(Expr::Lit(Value::Null))
+                }
+                _ => None,
+            };
+            if let Some(p) = calc.and_then(|(f, project)| prune(table, f, project, &known)) {
+                let fields = p.leaves.len();
+                note = Some(match note {
+                    Some(n) => format!("{n}, {fields} fields read"),
+                    None => format!("{fields} fields read"),
+                });
+                let (leaves, computed) = (Arc::new(p.leaves), Arc::new(p.computed));
+                let map: RowMap<NexmarkEvent> =
+                    Arc::new(move |e| nexmark_leaves(e, &leaves, &computed, p.width));
+                source.map = map;
+                let stream = attach_computed(env, source, table, uid, p.rowtime, Vec::new());
+                return Ok(Scanned {
+                    stream,
+                    note,
+                    calc: Some((p.filter, p.project)),
+                });
+            }
             let computed = table
                 .computed
                 .iter()
-                .map(|e| match &known {
-                    Some(k) => e.replacing_col(0, k).folded(),
-                    None => e.clone(),
+                .map(|e| {
+                    e.rewrite(&mut |x| x.as_col().and_then(|c| known(c, None)))
+                        .folded()
                 })
                 .collect();
-            return Ok((attach_computed(env, source, table, uid, computed), note));
+            let stream = attach_computed(env, source, table, uid, table.rowtime, computed);
+            return Ok(Scanned {
+                stream,
+                note,
+                calc: None,
+            });
         }
         "datagen" => {
             let source = datagen(table, &mut options)?;
@@ -212,7 +249,116 @@ pub fn source(
         "kafka" | "upsert-kafka" => kafka_source(env, table, options, uid, name == "upsert-kafka"),
         _ => table_err(table, format!("connector '{name}' can only be written to")),
     }?;
-    Ok((stream, None))
+    Ok(Scanned {
+        stream,
+        note: None,
+        calc: None,
+    })
+}
+
+/// A value a narrowed row holds: physical column `col` of the table, or field `field` of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Leaf {
+    col: usize,
+    field: Option<usize>,
+}
+
+/// How a source reads only what the calc over it uses: its rows are the leaves, then the
+/// table's computed columns over them.
+struct Pruned {
+    leaves: Vec<Leaf>,
+    /// The computed columns, over the leaves.
+    computed: Vec<Expr>,
+    /// The event-time column in the narrowed rows, and the watermark's delay.
+    rowtime: Option<(usize, i64)>,
+    /// The calc's filter (None if it always holds) and projection, over the narrowed rows.
+    filter: Option<Expr>,
+    project: Vec<Expr>,
+    /// Room each row is made with: the calc's output takes its place.
+    width: usize,
+}
+
+/// What `filter` and `project` (over `table`'s columns) read, as [`Pruned`]; `known` gives
+/// the leaves the source makes constant. None when narrowing saves nothing or a whole ROW
+/// column is read.
+fn prune(
+    table: &Table,
+    filter: Option<&Expr>,
+    project: &[Expr],
+    known: &dyn Fn(usize, Option<usize>) -> Option<Expr>,
+) -> Option<Pruned> {
+    let physical = table.physical;
+    let mut leaves: Vec<Leaf> = Vec::new();
+    let mut whole_row = false;
+    // Each physical read becomes the column of its leaf; computed columns follow the
+    // leaves, so they are numbered once every leaf is known.
+    const COMPUTED: usize = usize::MAX / 2;
+    let mut narrow = |e: &Expr| -> Expr {
+        e.rewrite(&mut |x| {
+            let leaf = match x {
+                Expr::Field(inner, i) => Leaf {
+                    col: inner.as_col()?,
+                    field: Some(*i),
+                },
+                Expr::Col(c) if *c >= physical => return Some(Expr::Col(COMPUTED + c - physical)),
+                Expr::Col(c) => Leaf {
+                    col: *c,
+                    field: None,
+                },
+                _ => return None,
+            };
+            if let Some(k) = known(leaf.col, leaf.field) {
+                return Some(k);
+            }
+            whole_row |=
+                leaf.field.is_none() && matches!(table.columns[leaf.col].ty, SqlType::Row(_));
+            let i = leaves.iter().position(|l| *l == leaf).unwrap_or_else(|| {
+                leaves.push(leaf);
+                leaves.len() - 1
+            });
+            Some(Expr::Col(i))
+        })
+    };
+    let computed: Vec<Expr> = table.computed.iter().map(|e| narrow(e).folded()).collect();
+    let filter = filter.map(|f| narrow(f).folded());
+    let project: Vec<Expr> = project.iter().map(|e| narrow(e).folded()).collect();
+    let rowtime = match table.rowtime {
+        Some((c, delay)) if c >= physical => Some((c - physical, delay)),
+        Some(_) => return None,
+        None => None,
+    };
+    if whole_row
+        || leaves.len()
+            >= physical
+                + table.columns[..physical]
+                    .iter()
+                    .map(|c| match &c.ty {
+                        SqlType::Row(f) => f.len(),
+                        _ => 1,
+                    })
+                    .sum::<usize>()
+    {
+        return None;
+    }
+    let n = leaves.len();
+    let renumber = |e: Expr| {
+        e.rewrite(&mut |x| match x {
+            Expr::Col(c) if *c >= COMPUTED => Some(Expr::Col(n + c - COMPUTED)),
+            _ => None,
+        })
+    };
+    let filter = filter
+        .map(renumber)
+        .filter(|f| !matches!(f, Expr::Lit(Value::Bool(true))));
+    let project: Vec<Expr> = project.into_iter().map(renumber).collect();
+    Some(Pruned {
+        width: (n + computed.len()).max(project.len()),
+        computed: computed.into_iter().map(renumber).collect(),
+        rowtime: rowtime.map(|(c, d)| (n + c, d)),
+        leaves,
+        filter,
+        project,
+    })
 }
 
 #[cfg(feature = "kafka")]
@@ -257,15 +403,24 @@ pub(super) fn attach(
     table: &Arc<Table>,
     uid: &str,
 ) -> DataStream<Row> {
-    attach_computed(env, source, table, uid, table.computed.clone())
+    attach_computed(
+        env,
+        source,
+        table,
+        uid,
+        table.rowtime,
+        table.computed.clone(),
+    )
 }
 
-/// [`attach`] with the computed columns' expressions given.
+/// [`attach`] with the event-time column (and the watermark's delay) and the computed
+/// columns' expressions given.
 fn attach_computed(
     env: &StreamEnv,
     source: impl Source<Row>,
     table: &Arc<Table>,
     uid: &str,
+    rowtime: Option<(usize, i64)>,
     computed: Vec<Expr>,
 ) -> DataStream<Row> {
     let computed = Arc::new(computed);
@@ -273,7 +428,7 @@ fn attach_computed(
         inner: source,
         computed,
     };
-    let stream = match table.rowtime {
+    let stream = match rowtime {
         Some((col, delay)) => {
             let ts = move |r: &Row| {
                 r.values
@@ -500,6 +655,86 @@ fn nexmark(
 
 fn s(v: compact_str::CompactString) -> Value {
     Value::Str(v)
+}
+
+fn kind_code(kind: EventKind) -> i64 {
+    match kind {
+        EventKind::Person => 0,
+        EventKind::Auction => 1,
+        EventKind::Bid => 2,
+    }
+}
+
+/// The narrowed row of `e`: its `leaves` (no whole ROW column among them), then the
+/// `computed` columns over them, made with room for `width` values.
+fn nexmark_leaves(
+    mut e: NexmarkEvent,
+    leaves: &[Leaf],
+    computed: &[Expr],
+    width: usize,
+) -> TaskResult<Row> {
+    let mut values = Vec::with_capacity(width);
+    for leaf in leaves {
+        values.push(match leaf.field {
+            Some(f) => nexmark_field(&mut e, leaf.col, f),
+            None => match &e {
+                NexmarkEvent::Person(_) => Value::Int(0),
+                NexmarkEvent::Auction(_) => Value::Int(1),
+                NexmarkEvent::Bid(_) => Value::Int(2),
+            },
+        });
+    }
+    let n = values.len();
+    for c in computed {
+        let v = c
+            .eval(&values[..n])
+            .map_err(|m| TaskError::Unrecoverable(format!("computed column: {m}")))?;
+        values.push(v);
+    }
+    Ok(Row::insert(values))
+}
+
+/// Field `field` of the nexmark table's ROW column `col` of `e` (NULL if `e` is another
+/// kind); a string moves out of the event, which each field is read from once.
+fn nexmark_field(e: &mut NexmarkEvent, col: usize, field: usize) -> Value {
+    use std::mem::take;
+    match (e, col) {
+        (NexmarkEvent::Person(p), 1) => match field {
+            0 => Value::Int(p.id),
+            1 => s(take(&mut p.name)),
+            2 => s(take(&mut p.email_address)),
+            3 => s(take(&mut p.credit_card)),
+            4 => s(take(&mut p.city)),
+            5 => s(take(&mut p.state)),
+            6 => Value::Ts(p.date_time),
+            7 => s(take(&mut p.extra)),
+            _ => Value::Null,
+        },
+        (NexmarkEvent::Auction(a), 2) => match field {
+            0 => Value::Int(a.id),
+            1 => s(take(&mut a.item_name)),
+            2 => s(take(&mut a.description)),
+            3 => Value::Int(a.initial_bid),
+            4 => Value::Int(a.reserve),
+            5 => Value::Ts(a.date_time),
+            6 => Value::Ts(a.expires),
+            7 => Value::Int(a.seller),
+            8 => Value::Int(a.category),
+            9 => s(take(&mut a.extra)),
+            _ => Value::Null,
+        },
+        (NexmarkEvent::Bid(b), 3) => match field {
+            0 => Value::Int(b.auction),
+            1 => Value::Int(b.bidder),
+            2 => Value::Int(b.price),
+            3 => s(take(&mut b.channel)),
+            4 => s(take(&mut b.url)),
+            5 => Value::Ts(b.date_time),
+            6 => s(take(&mut b.extra)),
+            _ => Value::Null,
+        },
+        _ => Value::Null,
+    }
 }
 
 fn nexmark_row(e: NexmarkEvent, width: usize) -> Row {

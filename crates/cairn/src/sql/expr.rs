@@ -200,31 +200,45 @@ impl Expr {
 
     /// The expression with each column `i` replaced by `with[i]` (fusing two calcs).
     pub fn substitute(&self, with: &[Expr]) -> Expr {
-        let sub = |e: &Expr| Box::new(e.substitute(with));
+        self.rewrite(&mut |e| match e {
+            Expr::Col(i) => Some(with.get(*i).cloned().unwrap_or(Expr::Lit(Value::Null))),
+            _ => None,
+        })
+    }
+
+    /// The expression with each part that `f` gives a replacement for replaced (and not looked
+    /// into further), the rest rebuilt around its rewritten parts.
+    pub fn rewrite(&self, f: &mut dyn FnMut(&Expr) -> Option<Expr>) -> Expr {
+        if let Some(e) = f(self) {
+            return e;
+        }
+        let mut sub = |e: &Expr| Box::new(e.rewrite(f));
         match self {
-            Expr::Col(i) => with.get(*i).cloned().unwrap_or(Expr::Lit(Value::Null)),
+            Expr::Col(i) => Expr::Col(*i),
             Expr::Lit(v) => Expr::Lit(v.clone()),
             Expr::Field(e, i) => Expr::Field(sub(e), *i),
             Expr::Not(e) => Expr::Not(sub(e)),
             Expr::Neg(e) => Expr::Neg(sub(e)),
-            Expr::Bin(op, a, b, t) => Expr::Bin(*op, sub(a), sub(b), t.clone()),
+            Expr::Bin(op, a, b, t) => {
+                let a = sub(a);
+                Expr::Bin(*op, a, sub(b), t.clone())
+            }
             Expr::IsNull(e, is) => Expr::IsNull(sub(e), *is),
-            Expr::Case(whens, e) => Expr::Case(
-                whens
+            Expr::Case(whens, e) => {
+                let whens = whens
                     .iter()
-                    .map(|(c, v)| (c.substitute(with), v.substitute(with)))
-                    .collect(),
-                sub(e),
-            ),
+                    .map(|(c, v)| (c.rewrite(f), v.rewrite(f)))
+                    .collect();
+                Expr::Case(whens, Box::new(e.rewrite(f)))
+            }
             Expr::Cast(e, t) => Expr::Cast(sub(e), t.clone()),
-            Expr::InList(e, list, n) => Expr::InList(
-                sub(e),
-                list.iter().map(|x| x.substitute(with)).collect(),
-                *n,
-            ),
+            Expr::InList(e, list, n) => {
+                let e = Box::new(e.rewrite(f));
+                Expr::InList(e, list.iter().map(|x| x.rewrite(f)).collect(), *n)
+            }
             Expr::Like(e, p, n) => Expr::Like(sub(e), p.clone(), *n),
-            Expr::Call(f, args) => {
-                Expr::Call(f.clone(), args.iter().map(|x| x.substitute(with)).collect())
+            Expr::Call(func, args) => {
+                Expr::Call(func.clone(), args.iter().map(|x| x.rewrite(f)).collect())
             }
         }
     }
@@ -317,7 +331,10 @@ impl Expr {
                 Value::Decimal(u, s) => Value::Decimal(-u, s),
                 _ => Value::Null,
             },
-            Expr::Bin(op, a, b, ty) => binary(*op, a, b, ty, row)?,
+            Expr::Bin(op, a, b, ty) => match integral(*op, a, b, ty, row) {
+                Some(v) => v,
+                None => binary(*op, a, b, ty, row)?,
+            },
             Expr::IsNull(e, is) => Value::Bool(operand(e, row)?.is_null() == *is),
             Expr::Case(whens, otherwise) => {
                 for (c, v) in whens {
@@ -353,6 +370,66 @@ impl Expr {
     /// Evaluates a condition: `NULL` is not true.
     pub fn test(&self, row: &[Value]) -> Result<bool, String> {
         Ok(matches!(self.eval(row)?, Value::Bool(true)))
+    }
+}
+
+/// `a op b` without the general path's copies and checks, when both sides are integers (or
+/// both timestamps, compared) read in place, constants, or such arithmetic: the same result
+/// as [`binary`]. None for anything else (NULLs, a division by zero, other types), which
+/// [`binary`] then evaluates.
+#[inline]
+fn integral(op: BinOp, a: &Expr, b: &Expr, ty: &SqlType, row: &[Value]) -> Option<Value> {
+    let compared = |holds: fn(&i64, &i64) -> bool| {
+        let (x, y) = (integral_operand(a, row)?, integral_operand(b, row)?);
+        (x.1 == y.1).then(|| Value::Bool(holds(&x.0, &y.0)))
+    };
+    match op {
+        BinOp::Eq => compared(i64::eq),
+        BinOp::Ne => compared(i64::ne),
+        BinOp::Lt => compared(i64::lt),
+        BinOp::Le => compared(i64::le),
+        BinOp::Gt => compared(i64::gt),
+        BinOp::Ge => compared(i64::ge),
+        _ if matches!(ty, SqlType::Int | SqlType::BigInt) => {
+            integer_arithmetic(op, a, b, row).map(Value::Int)
+        }
+        _ => None,
+    }
+}
+
+/// An integer (`false`) or timestamp (`true`) operand's value, without a copy.
+#[inline]
+fn integral_operand(e: &Expr, row: &[Value]) -> Option<(i64, bool)> {
+    match e {
+        Expr::Lit(Value::Int(v)) => Some((*v, false)),
+        Expr::Lit(Value::Ts(v)) => Some((*v, true)),
+        Expr::Col(_) | Expr::Field(..) => match e.place(row)? {
+            Value::Int(v) => Some((*v, false)),
+            Value::Ts(v) => Some((*v, true)),
+            _ => None,
+        },
+        Expr::Bin(op, a, b, SqlType::Int | SqlType::BigInt) => {
+            integer_arithmetic(*op, a, b, row).map(|v| (v, false))
+        }
+        _ => None,
+    }
+}
+
+/// Integer `a op b` as [`arithmetic`] computes it (wrapping), when both sides are integers.
+#[inline]
+fn integer_arithmetic(op: BinOp, a: &Expr, b: &Expr, row: &[Value]) -> Option<i64> {
+    let (x, y) = (integral_operand(a, row)?, integral_operand(b, row)?);
+    if x.1 || y.1 {
+        return None;
+    }
+    let (x, y) = (x.0, y.0);
+    match op {
+        BinOp::Add => Some(x.wrapping_add(y)),
+        BinOp::Sub => Some(x.wrapping_sub(y)),
+        BinOp::Mul => Some(x.wrapping_mul(y)),
+        BinOp::Div if y != 0 => Some(x.wrapping_div(y)),
+        BinOp::Mod if y != 0 => Some(x.wrapping_rem(y)),
+        _ => None,
     }
 }
 
