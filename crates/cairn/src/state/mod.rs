@@ -1762,23 +1762,13 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
         }
         Ok(())
     }
-    /// Removes `user_key` from the current key's map.
+    /// Removes `user_key` from the current key's map; the key's map goes with its last entry
+    /// (an empty map per key ever seen would grow the state with the keys).
     pub fn remove<K: Key>(&self, ctx: &mut KeyedContext<K>, user_key: &UK) -> TaskResult {
         match &self.ttl {
-            None => {
-                let (map, key) = ctx.table_and_key::<HashMap<UK, UV>>(self.idx)?;
-                if let Some(m) = map.get_mut(key) {
-                    m.remove(user_key);
-                }
-            }
-            Some(_) => {
-                let (map, key) = ctx.table_and_key::<HashMap<UK, Ttl<UV>>>(self.idx)?;
-                if let Some(m) = map.get_mut(key) {
-                    m.remove(user_key);
-                }
-            }
+            None => remove_entry::<K, UK, UV>(ctx, self.idx, user_key),
+            Some(_) => remove_entry::<K, UK, Ttl<UV>>(ctx, self.idx, user_key),
         }
-        Ok(())
     }
     /// All entries of the current key's map (those not expired), in no particular order.
     pub fn entries<'a, K: Key>(
@@ -1810,6 +1800,24 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
             Some(_) => ctx.remove::<HashMap<UK, Ttl<UV>>>(self.idx),
         }
     }
+}
+
+/// Removes `user_key` from the current key's map of state `idx`, and the map if it is empty
+/// then.
+fn remove_entry<K: Key, UK: StateValue + Hash + Eq, V: StateValue>(
+    ctx: &mut KeyedContext<K>,
+    idx: usize,
+    user_key: &UK,
+) -> TaskResult {
+    let (map, key) = ctx.table_and_key::<HashMap<UK, V>>(idx)?;
+    let emptied = map.get_mut(key).is_some_and(|m| {
+        m.remove(user_key);
+        m.is_empty()
+    });
+    if emptied {
+        map.remove(key);
+    }
+    Ok(())
 }
 
 type ReduceArc<V> = Arc<dyn Fn(&V, &V) -> V + Send + Sync>;
@@ -1957,6 +1965,44 @@ mod tests {
             err.to_string(),
             "state.backend.type: rocksdb needs cairn built with the 'rocksdb' feature"
         );
+    }
+
+    /// A key whose map entries are all removed has no state left (with and without
+    /// time-to-live): a map per key ever seen would grow the state with the keys.
+    #[test]
+    fn a_map_state_key_goes_with_its_last_entry() {
+        let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
+        let m = ctx.map_state::<u32, i64>("m").unwrap();
+        let t = ctx
+            .map_state_with_ttl::<u32, i64>(
+                "t",
+                StateTtlConfig::new(std::time::Duration::from_secs(60)),
+            )
+            .unwrap();
+        for key in 0..1000u64 {
+            ctx.set_current_key(key);
+            for state in [&m, &t] {
+                state.put(&mut ctx, 1, 1).unwrap();
+                state.put(&mut ctx, 2, 2).unwrap();
+            }
+        }
+        assert_eq!(ctx.entries(), 2000);
+        for key in 0..1000u64 {
+            ctx.set_current_key(key);
+            for state in [&m, &t] {
+                state.remove(&mut ctx, &1).unwrap();
+                if key % 2 == 0 {
+                    state.remove(&mut ctx, &2).unwrap();
+                }
+            }
+        }
+        assert_eq!(
+            ctx.entries(),
+            1000,
+            "the odd keys keep one entry in each map"
+        );
+        ctx.set_current_key(1);
+        assert_eq!(m.entries(&mut ctx).unwrap(), vec![(&2, &2)]);
     }
 
     #[test]
