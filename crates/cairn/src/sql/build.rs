@@ -1141,6 +1141,12 @@ impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
         }
         // An interval join: the rows that can join nothing more go.
         for (side, kept) in rows.iter().enumerate() {
+            if self.matched[side].is_none() {
+                kept.retain(ctx, |r, _| {
+                    self.joinable_until(side, r).is_none_or(|t| t > time)
+                })?;
+                continue;
+            }
             let done: Vec<Vec<Value>> = kept
                 .entries(ctx)?
                 .into_iter()

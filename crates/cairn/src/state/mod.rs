@@ -1770,6 +1770,21 @@ impl<UK: Key, UV: StateValue> MapState<UK, UV> {
             Some(_) => remove_entry::<K, UK, Ttl<UV>>(ctx, self.idx, user_key),
         }
     }
+    /// Keeps the current key's entries for which `keep` holds, in one pass (the key goes with
+    /// its last entry).
+    pub fn retain<K: Key>(
+        &self,
+        ctx: &mut KeyedContext<K>,
+        mut keep: impl FnMut(&UK, &UV) -> bool,
+    ) -> TaskResult {
+        match &self.ttl {
+            None => retain_entries::<K, UK, UV>(ctx, self.idx, &mut keep),
+            Some(_) => {
+                retain_entries::<K, UK, Ttl<UV>>(ctx, self.idx, &mut |k, e| keep(k, &e.value))
+            }
+        }
+    }
+
     /// All entries of the current key's map (those not expired), in no particular order.
     pub fn entries<'a, K: Key>(
         &self,
@@ -1812,6 +1827,24 @@ fn remove_entry<K: Key, UK: StateValue + Hash + Eq, V: StateValue>(
     let (map, key) = ctx.table_and_key::<HashMap<UK, V>>(idx)?;
     let emptied = map.get_mut(key).is_some_and(|m| {
         m.remove(user_key);
+        m.is_empty()
+    });
+    if emptied {
+        map.remove(key);
+    }
+    Ok(())
+}
+
+/// Keeps the entries of the current key's map of state `idx` that `keep` holds for, and
+/// removes the map if it is empty then.
+fn retain_entries<K: Key, UK: StateValue + Hash + Eq, V: StateValue>(
+    ctx: &mut KeyedContext<K>,
+    idx: usize,
+    keep: &mut dyn FnMut(&UK, &V) -> bool,
+) -> TaskResult {
+    let (map, key) = ctx.table_and_key::<HashMap<UK, V>>(idx)?;
+    let emptied = map.get_mut(key).is_some_and(|m| {
+        m.retain(|k, v| keep(k, v));
         m.is_empty()
     });
     if emptied {
@@ -1967,8 +2000,8 @@ mod tests {
         );
     }
 
-    /// A key whose map entries are all removed has no state left (with and without
-    /// time-to-live): a map per key ever seen would grow the state with the keys.
+    /// A key whose map entries are all removed or not retained has no state left (with and
+    /// without time-to-live): a map per key ever seen would grow the state with the keys.
     #[test]
     fn a_map_state_key_goes_with_its_last_entry() {
         let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
@@ -2003,6 +2036,21 @@ mod tests {
         );
         ctx.set_current_key(1);
         assert_eq!(m.entries(&mut ctx).unwrap(), vec![(&2, &2)]);
+        // Retaining: what `keep` holds for stays, and a key left without entries goes.
+        for key in (1..1000u64).step_by(2) {
+            ctx.set_current_key(key);
+            m.put(&mut ctx, 3, 3).unwrap();
+            m.retain(&mut ctx, |k, _| key % 4 == 1 && *k == 3).unwrap();
+            t.retain(&mut ctx, |_, v| *v == 2).unwrap();
+        }
+        assert_eq!(
+            ctx.entries(),
+            750,
+            "m keeps one entry of every other odd key, t all"
+        );
+        ctx.set_current_key(1);
+        assert_eq!(m.entries(&mut ctx).unwrap(), vec![(&3, &3)]);
+        assert_eq!(t.entries(&mut ctx).unwrap(), vec![(&2, &2)]);
     }
 
     #[test]
