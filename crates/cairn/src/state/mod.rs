@@ -1702,8 +1702,11 @@ impl<V: StateValue> ListState<V> {
         }
         ctx.append(self.idx, value)
     }
-    /// Replaces the current key's list.
+    /// Replaces the current key's list; an empty one clears it (as in Flink).
     pub fn update<K: Key>(&self, ctx: &mut KeyedContext<K>, values: Vec<V>) -> TaskResult {
+        if values.is_empty() {
+            return self.clear(ctx);
+        }
         if self.ttl.is_some() {
             let now = ctx.ttl_now();
             return ctx.put(self.idx, TtlList::new(values, now));
@@ -2000,8 +2003,9 @@ mod tests {
         );
     }
 
-    /// A key whose map entries are all removed or not retained has no state left (with and
-    /// without time-to-live): a map per key ever seen would grow the state with the keys.
+    /// A key whose map entries are all removed or not retained, or whose list is updated to
+    /// nothing, has no state left (with and without time-to-live): an empty map or list per key
+    /// ever seen would grow the state with the keys.
     #[test]
     fn a_map_state_key_goes_with_its_last_entry() {
         let mut ctx: KeyedContext<u64> = KeyedContext::new(0, 1, 128, Default::default());
@@ -2048,6 +2052,14 @@ mod tests {
             750,
             "m keeps one entry of every other odd key, t all"
         );
+        // A list updated to nothing is no state either.
+        let l = ctx.list_state::<u32>("l").unwrap();
+        ctx.set_current_key(7);
+        l.update(&mut ctx, vec![1, 2]).unwrap();
+        assert_eq!(ctx.entries(), 751);
+        l.update(&mut ctx, Vec::new()).unwrap();
+        assert_eq!(ctx.entries(), 750);
+        assert!(l.get(&mut ctx).unwrap().is_empty());
         ctx.set_current_key(1);
         assert_eq!(m.entries(&mut ctx).unwrap(), vec![(&3, &3)]);
         assert_eq!(t.entries(&mut ctx).unwrap(), vec![(&2, &2)]);
