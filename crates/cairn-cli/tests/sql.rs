@@ -1790,4 +1790,26 @@ fn a_nexmark_source_reads_only_the_fields_its_query_uses_and_the_rows_stay_the_s
     assert!(narrowed.len() > 10_000, "{} rows", narrowed.len());
     assert!(narrowed.iter().any(|r| r.starts_with("+I[1, null, null, ")));
     assert_same("narrowed", &narrowed, &whole);
+
+    // A field of a computed ROW is read from that column, not from the source's fields.
+    let with_row = replaced(
+        &ddl(2_000),
+        "    WATERMARK FOR",
+        "    b AS bid,\n    WATERMARK FOR",
+    );
+    let out = run_ok(&mut sql(
+        &format!("{with_row}\nSELECT b.price, bid.price FROM datagen WHERE event_type = 2;"),
+        1,
+    ));
+    let out = String::from_utf8_lossy(&out.stdout);
+    let pairs: Vec<&str> = out.lines().collect();
+    assert!(pairs.len() > 1_000, "{} rows", pairs.len());
+    for p in pairs {
+        let (a, b) = p
+            .trim_start_matches("+I[")
+            .trim_end_matches(']')
+            .split_once(", ")
+            .unwrap();
+        assert_eq!(a, b, "{p}");
+    }
 }

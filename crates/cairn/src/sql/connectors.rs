@@ -279,8 +279,7 @@ struct Pruned {
 }
 
 /// What `filter` and `project` (over `table`'s columns) read, as [`Pruned`]; `known` gives
-/// the leaves the source makes constant. None when narrowing saves nothing or a whole ROW
-/// column is read.
+/// the leaves the source makes constant. None when a whole ROW column is read.
 fn prune(
     table: &Table,
     filter: Option<&Expr>,
@@ -296,8 +295,9 @@ fn prune(
     let mut narrow = |e: &Expr| -> Expr {
         e.rewrite(&mut |x| {
             let leaf = match x {
+                // A field of a computed ROW is read from the computed column.
                 Expr::Field(inner, i) => Leaf {
-                    col: inner.as_col()?,
+                    col: inner.as_col().filter(|c| *c < physical)?,
                     field: Some(*i),
                 },
                 Expr::Col(c) if *c >= physical => return Some(Expr::Col(COMPUTED + c - physical)),
@@ -327,17 +327,7 @@ fn prune(
         Some(_) => return None,
         None => None,
     };
-    if whole_row
-        || leaves.len()
-            >= physical
-                + table.columns[..physical]
-                    .iter()
-                    .map(|c| match &c.ty {
-                        SqlType::Row(f) => f.len(),
-                        _ => 1,
-                    })
-                    .sum::<usize>()
-    {
+    if whole_row {
         return None;
     }
     let n = leaves.len();
