@@ -747,9 +747,7 @@ impl<T> SourceBody<T> {
             _ => Ok(()),
         }
     }
-}
 
-impl<T> SourceBody<T> {
     /// The watermark generator's decision over the records read so far: when the periodic
     /// emission is due, or at once if `now_anyway` (a checkpoint).
     fn decide_watermark(&mut self, now_anyway: bool) -> Option<WatermarkOutput> {

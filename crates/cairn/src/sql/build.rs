@@ -290,7 +290,6 @@ impl Builder<'_> {
         }
     }
 
-    /// A source reading `table`; `filter` is the condition its rows meet next, if any.
     /// The source of `table`; `calc`, the filter and projection over it, may narrow what it
     /// reads (the calc over the narrowed rows is returned then).
     fn scan(

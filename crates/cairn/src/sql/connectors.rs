@@ -667,11 +667,7 @@ fn nexmark_leaves(
     for leaf in leaves {
         values.push(match leaf.field {
             Some(f) => nexmark_field(&mut e, leaf.col, f),
-            None => match &e {
-                NexmarkEvent::Person(_) => Value::Int(0),
-                NexmarkEvent::Auction(_) => Value::Int(1),
-                NexmarkEvent::Bid(_) => Value::Int(2),
-            },
+            None => Value::Int(kind_code(e.kind())),
         });
     }
     let n = values.len();
