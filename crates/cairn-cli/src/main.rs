@@ -4,6 +4,9 @@
 mod bench;
 mod builtin;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::{Args, Command, FromArgMatches};

@@ -119,6 +119,22 @@ impl LoadedCheckpoint {
         self.states.keys().map(|s| s.as_str())
     }
 
+    /// Uids of the operators whose state holds anything (a stateless operator's entry, or
+    /// one whose states are all empty, holds nothing a job could lose by not having it).
+    pub fn uids_holding_state(&self) -> impl Iterator<Item = &str> {
+        self.states
+            .iter()
+            .filter(|(uid, subtasks)| {
+                self.disk.get(*uid).is_some_and(|d| !d.is_empty())
+                    || subtasks.iter().any(|(_, data)| {
+                        data.keyed.iter().any(|t| !t.groups.is_empty())
+                            || data.operator.iter().any(|l| !l.entries.is_empty())
+                            || data.channel.is_some()
+                    })
+            })
+            .map(|(uid, _)| uid.as_str())
+    }
+
     /// The state subtask `subtask` of `parallelism` of operator `uid` gets: keyed state of the
     /// key groups it owns (from whichever old subtasks held them — rescaling); of an operator
     /// list state its own entries when the parallelism is unchanged, else an even share of all
@@ -974,6 +990,27 @@ mod tests {
         assert_eq!(lists_of(&c, 3, 4).1, vec![100, 101, 102]);
         // 3 → 1: everything.
         assert_eq!(lists_of(&c, 0, 1), (vec![10, 20, 21], vec![100, 101, 102]));
+    }
+
+    #[test]
+    fn only_operators_whose_state_holds_anything_count_as_holding_state() {
+        let mut c = with_operator_lists();
+        let empty = |uid: &str| OperatorStateData {
+            uid: uid.into(),
+            keyed: vec![KeyedTableData {
+                name: "acc".into(),
+                kind: StateKind::Value,
+                serializer: SerializerId::postcard::<u8>(),
+                groups: Vec::new(),
+            }],
+            operator: Vec::new(),
+            channel: None,
+        };
+        c.states.insert("calc".into(), vec![(0, empty("calc"))]);
+        let mut uids: Vec<&str> = c.uids().collect();
+        uids.sort_unstable();
+        assert_eq!(uids, ["calc", "op"]);
+        assert_eq!(c.uids_holding_state().collect::<Vec<_>>(), ["op"]);
     }
 
     #[test]

@@ -556,6 +556,14 @@ pub trait SourceReader<T>: Send {
     fn notify_complete(&mut self, _checkpoint_id: u64) -> TaskResult {
         Ok(())
     }
+    /// For a reader that knows the event time of what it reads better than the source's
+    /// timestamp function over the records it returns (it drops some records, as a SQL
+    /// source running the filter over it does, or returns them reshaped): the largest event
+    /// time among every record the last poll read, returned or not, or None if it read
+    /// none. The source's watermark then follows it instead of the returned records.
+    fn read_event_time(&mut self) -> Option<i64> {
+        None
+    }
 }
 
 /// The type-erased head of a task: a source reader or the first operator of the chain.
@@ -803,14 +811,20 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
         }
         let status = self.reader.poll(&mut self.buf, BATCH_RECORDS_MAX)?;
         let n = self.buf.len();
-        if let (Some(time), true) = (&mut self.time, n > 0) {
+        let read = self.reader.read_event_time();
+        if let (Some(time), true) = (&mut self.time, n > 0 || read.is_some()) {
             let now = std::time::Instant::now();
             // A source may find new splits (a Kafka topic's new partitions) as it runs.
             time.watermarks
                 .ensure_splits(self.reader.split_count(), now);
             let split = self.reader.last_split();
-            for r in &self.buf {
-                time.watermarks.on_record(split, (time.timestamp)(r));
+            match read {
+                Some(t) => time.watermarks.on_record(split, t),
+                None => {
+                    for r in &self.buf {
+                        time.watermarks.on_record(split, (time.timestamp)(r));
+                    }
+                }
             }
             time.watermarks.on_batch(split, now);
         }
@@ -1002,5 +1016,111 @@ where
             }
         }
         self.next.processing_time(now_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::runtime::watermark::WatermarkGenerator;
+
+    /// Reads the timestamps it was given, a batch per poll, and returns only the even ones
+    /// (a source running a filter), reporting the event time of all it read.
+    struct Filtering {
+        batches: Vec<Vec<i64>>,
+        event_time: Option<i64>,
+    }
+
+    impl SourceReader<i64> for Filtering {
+        fn poll(&mut self, out: &mut Vec<i64>, _max: usize) -> TaskResult<SourceStatus> {
+            let batch = self.batches.remove(0);
+            self.event_time = batch.iter().copied().max();
+            out.extend(batch.into_iter().filter(|t| t % 2 == 0));
+            Ok(SourceStatus::More)
+        }
+        fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
+            Ok(Vec::new())
+        }
+        fn read_event_time(&mut self) -> Option<i64> {
+            self.event_time.take()
+        }
+    }
+
+    /// Records the watermarks that reach it.
+    struct Watermarks(Arc<Mutex<Vec<i64>>>);
+
+    impl Chain<i64> for Watermarks {
+        fn push(&mut self, batch: &mut Vec<i64>) -> TaskResult {
+            batch.clear();
+            Ok(())
+        }
+        fn end_input(&mut self) -> TaskResult {
+            Ok(())
+        }
+        fn watermark(&mut self, watermark: i64) -> TaskResult {
+            self.0.lock().unwrap().push(watermark);
+            Ok(())
+        }
+        fn next_processing_timer(&self) -> Option<i64> {
+            None
+        }
+        fn processing_time(&mut self, _: i64) -> TaskResult {
+            Ok(())
+        }
+        fn snapshot(&mut self, _: Barrier, _: &mut Vec<OperatorSnapshot>) -> TaskResult {
+            Ok(())
+        }
+        fn notify_complete(&mut self, _: u64) -> TaskResult {
+            Ok(())
+        }
+        fn notify_aborted(&mut self, _: u64) -> TaskResult {
+            Ok(())
+        }
+        fn emit(&mut self, _: Event) -> TaskResult {
+            Ok(())
+        }
+        fn flush(&mut self) -> TaskResult {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_watermark_follows_the_records_a_reader_read_not_only_those_it_returned() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let reader = Filtering {
+            // The second batch returns nothing, the third only an older record.
+            batches: vec![vec![1_000, 2_000], vec![5_001, 7_001], vec![3_000, 9_001]],
+            event_time: None,
+        };
+        let watermarks = SourceWatermarks::new(
+            WatermarkGenerator::BoundedOutOfOrderness(Duration::ZERO),
+            None,
+            Duration::ZERO,
+            1,
+            WATERMARK_MIN,
+            Instant::now(),
+        );
+        let time = SourceTime {
+            timestamp: Arc::new(|t: &i64| *t),
+            watermarks,
+        };
+        let chain = Box::new(Watermarks(seen.clone()));
+        let mut body = SourceBody::new(
+            "s".into(),
+            Box::new(reader),
+            chain,
+            Some(time),
+            WATERMARK_MIN,
+        );
+        let mut after = Vec::new();
+        for _ in 0..3 {
+            body.poll_source().unwrap();
+            after.push(*seen.lock().unwrap().last().unwrap());
+        }
+        // Bounded out of orderness by 0: the largest timestamp read, less 1 ms.
+        assert_eq!(after, [1_999, 7_000, 9_000]);
     }
 }

@@ -381,10 +381,14 @@ pub fn prepare_job(graph: &JobGraph, opts: RunOptions) -> Result<PreparedJob, Jo
             )));
         }
         // Operators are matched by uid: new ones start empty; state of removed ones is an
-        // error unless the user lets it go.
+        // error unless the user lets it go (as in Flink, a removed operator whose state is
+        // empty loses nothing: a stateless one, or a SQL calc its source now runs).
         let known: std::collections::BTreeSet<&str> =
             graph.nodes().iter().map(|n| n.uid.as_str()).collect();
-        let mut unclaimed: Vec<&str> = c.uids().filter(|u| !known.contains(u)).collect();
+        let mut unclaimed: Vec<&str> = c
+            .uids_holding_state()
+            .filter(|u| !known.contains(u))
+            .collect();
         unclaimed.sort_unstable();
         if !unclaimed.is_empty() {
             let list = unclaimed.join(", ");

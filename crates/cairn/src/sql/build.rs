@@ -18,6 +18,7 @@ use crate::state::{
 };
 
 use super::agg::{Acc, AggCall};
+use super::calc::Calc;
 use super::connectors;
 use super::expr::Expr;
 use super::parse::{parse_script, Insert, Statement};
@@ -296,8 +297,8 @@ impl Builder<'_> {
         &mut self,
         table: &Arc<super::plan::Table>,
         prefix: &str,
-        calc: Option<(Option<&Expr>, &[Expr])>,
-    ) -> Result<(Built, String, Option<connectors::NarrowedCalc>)> {
+        calc: Option<connectors::ScanCalc<'_>>,
+    ) -> Result<(Built, String, bool)> {
         let d = digest(
             &format!("scan {} {:?}", table.def.name, table.def.options),
             &[],
@@ -306,7 +307,7 @@ impl Builder<'_> {
         let connectors::Scanned {
             stream,
             note,
-            calc: narrowed,
+            calc_in_source,
         } = connectors::source(self.env, table, &uid, self.seed, calc)?;
         self.records = self
             .records
@@ -328,7 +329,7 @@ impl Builder<'_> {
                 .map_or("", String::as_str),
             note.map(|n| format!(", {n}")).unwrap_or_default(),
         );
-        Ok((Built { stream, digest: d }, line, narrowed))
+        Ok((Built { stream, digest: d }, line, calc_in_source))
     }
 
     /// Builds `rel` (and its inputs, printed indented by `depth` into the plan).
@@ -344,42 +345,48 @@ impl Builder<'_> {
                 project,
             } => {
                 let mark = self.plan.len();
-                let (inner, narrowed) = match &input.node {
-                    // The source may skip rows the filter rejects, and read only what the
-                    // calc uses.
+                let rowtime = rel.columns.iter().position(|c| c.time == Time::Rowtime);
+                let (inner, in_source) = match &input.node {
+                    // The source may skip rows the filter rejects, or run the calc itself
+                    // over only what it uses.
                     Node::Scan(table) => {
-                        let calc = Some((filter.as_ref(), project.as_slice()));
-                        let (built, line, narrowed) = self.scan(table, prefix, calc)?;
+                        let calc = connectors::ScanCalc {
+                            filter: filter.as_ref(),
+                            project,
+                            rowtime,
+                        };
+                        let (built, line, in_source) = self.scan(table, prefix, Some(calc))?;
                         let _ = writeln!(self.plan, "{}{line}", "  ".repeat(depth + 1));
-                        (built, narrowed)
+                        (built, in_source)
                     }
-                    _ => (self.build(input, prefix, depth + 1)?, None),
+                    _ => (self.build(input, prefix, depth + 1)?, false),
                 };
-                // The uid is the calc's as planned, however its source reads.
+                // The uid is the calc's as planned, however its source reads (and taken even
+                // when the source runs the calc, so that the uids of the others stay).
                 let text = format!("calc filter={filter:?} project={project:?}");
                 let d = digest(&text, &[inner.digest]);
                 let uid = self.unique(format!("{prefix}.calc-{d:08x}"));
-                let rowtime = rel.columns.iter().position(|c| c.time == Time::Rowtime);
-                let (filter, project) =
-                    narrowed.unwrap_or_else(|| (filter.clone(), project.clone()));
-                let f = CalcFn {
-                    moves: Arc::new(moves(&project)),
-                    filter: filter.clone(),
-                    project: Arc::new(project),
-                    scratch: Vec::new(),
+                let cols: Vec<&str> = rel.columns.iter().map(|c| c.name.as_str()).collect();
+                let condition = if filter.is_some() { " where …" } else { "" };
+                let (mut stream, line) = if in_source {
+                    let line = format!("calc: [{}]{condition}, run by the source", cols.join(", "));
+                    (inner.stream, line)
+                } else {
+                    let f = CalcFn {
+                        calc: Arc::new(Calc::new(filter.clone(), project.clone())),
+                        scratch: Vec::new(),
+                    };
+                    let stream = inner.stream.process(f).uid(&uid).name("calc");
+                    (
+                        stream,
+                        format!("calc: [{}]{condition} uid={uid}", cols.join(", ")),
+                    )
                 };
-                let mut stream = inner.stream.process(f).uid(&uid).name("calc");
                 if let Some(t) = rowtime {
                     stream = stream.with_timestamps(move |r: &Row| {
                         r.values.get(t).and_then(Value::as_i64).unwrap_or(i64::MIN)
                     });
                 }
-                let cols: Vec<&str> = rel.columns.iter().map(|c| c.name.as_str()).collect();
-                let line = format!(
-                    "calc: [{}]{} uid={uid}",
-                    cols.join(", "),
-                    if filter.is_some() { " where …" } else { "" }
-                );
                 self.plan
                     .insert_str(mark, &format!("{}{line}\n", "  ".repeat(depth)));
                 return Ok(Built { stream, digest: d });
@@ -779,39 +786,10 @@ fn assigner(w: &WindowKind, proctime: bool) -> Result<WindowAssigner> {
     Ok(a)
 }
 
-/// Which projections may move their value out of the row instead of cloning it: a column,
-/// or a field of a column (`bid.price`), that no other projection reads.
-fn moves(project: &[Expr]) -> Vec<bool> {
-    // Computed projections are evaluated before any value moves, so only another moved
-    // projection of the same column could find it gone.
-    let column = |e: &Expr| match e {
-        Expr::Col(i) => Some(*i),
-        Expr::Field(inner, _) => inner.as_col(),
-        _ => None,
-    };
-    project
-        .iter()
-        .map(|e| match e {
-            Expr::Col(i) => project.iter().filter(|x| column(x) == Some(*i)).count() == 1,
-            Expr::Field(inner, k) => match inner.as_col() {
-                Some(c) => {
-                    let same = |x: &&Expr| matches!(x, Expr::Field(a, j) if a.as_col() == Some(c) && j == k);
-                    let whole = project.iter().any(|x| x.as_col() == Some(c));
-                    !whole && project.iter().filter(same).count() == 1
-                }
-                None => false,
-            },
-            _ => false,
-        })
-        .collect()
-}
-
 /// Filters and projects each row.
 #[derive(Clone)]
 struct CalcFn {
-    filter: Option<Expr>,
-    project: Arc<Vec<Expr>>,
-    moves: Arc<Vec<bool>>,
+    calc: Arc<Calc>,
     /// The row being made, before it takes the place of the input's values (whose
     /// allocation it reuses).
     scratch: Vec<Value>,
@@ -828,44 +806,14 @@ impl ProcessFunction<Row, Row> for CalcFn {
         _: &mut OperatorStateStore,
         out: &mut Collector<Row>,
     ) -> TaskResult {
-        if let Some(f) = &self.filter {
-            if !f.test(&row.values).map_err(eval_err)? {
-                return Ok(());
-            }
+        if !self.calc.passes(&row.values).map_err(eval_err)? {
+            return Ok(());
         }
         let mut values = std::mem::take(&mut self.scratch);
         values.clear();
-        // Computed projections first: they read the row before columns move out of it.
-        for (e, m) in self.project.iter().zip(self.moves.iter()) {
-            values.push(if *m {
-                Value::Null
-            } else {
-                e.eval(&row.values).map_err(eval_err)?
-            });
-        }
-        for ((e, m), slot) in self
-            .project
-            .iter()
-            .zip(self.moves.iter())
-            .zip(values.iter_mut())
-        {
-            if !*m {
-                continue;
-            }
-            match e {
-                Expr::Col(i) => *slot = std::mem::take(&mut row.values[*i]),
-                Expr::Field(inner, k) => {
-                    if let Some(Value::Row(fields)) =
-                        inner.as_col().and_then(|c| row.values.get_mut(c))
-                    {
-                        if let Some(v) = fields.get_mut(*k) {
-                            *slot = std::mem::take(v);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
+        self.calc
+            .project_into(&mut row.values, &mut values)
+            .map_err(eval_err)?;
         // The output row lives in the input's allocation; the scratch keeps its own.
         row.values.clear();
         row.values.append(&mut values);
@@ -1307,61 +1255,4 @@ fn group_result(aggs: &[AggCall], accs: &[Acc], keys: &[Value]) -> TaskResult<Ve
         result.push(a.result(acc).map_err(eval_err)?);
     }
     Ok(result)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn field(c: usize, k: usize) -> Expr {
-        Expr::Field(Box::new(Expr::Col(c)), k)
-    }
-
-    #[test]
-    fn a_column_or_field_read_once_moves_and_one_read_twice_is_cloned() {
-        let project = [
-            field(3, 0),
-            field(3, 1),
-            Expr::Col(0),
-            field(3, 0),
-            Expr::Col(1),
-        ];
-        assert_eq!(moves(&project), [false, true, true, false, true]);
-        // The whole column and one of its fields: neither moves.
-        assert_eq!(moves(&[Expr::Col(3), field(3, 1)]), [false, false]);
-    }
-
-    #[test]
-    fn a_calc_moves_fields_out_of_a_row_and_keeps_the_rest() {
-        let mut calc = CalcFn {
-            filter: None,
-            project: Arc::new(vec![field(1, 1), field(1, 0), field(1, 1), Expr::Col(0)]),
-            moves: Arc::new(Vec::new()),
-            scratch: Vec::new(),
-        };
-        calc.moves = Arc::new(moves(&calc.project));
-        let row = |i: i64, s: &str| {
-            let nested = Value::Row(vec![Value::Int(7 * i), Value::Str(s.into())].into());
-            Row::insert(vec![Value::Int(i), nested])
-        };
-        let mut out = Vec::new();
-        let mut collector = Collector::new(&mut out);
-        let mut store = OperatorStateStore::new(0, 1, Default::default());
-        // Two rows: the second is made in the scratch the first left behind.
-        calc.process(row(1, "x"), &mut store, &mut collector)
-            .unwrap();
-        calc.process(row(2, "y"), &mut store, &mut collector)
-            .unwrap();
-        let made = |i: i64, s: &str| {
-            vec![
-                Value::Str(s.into()),
-                Value::Int(7 * i),
-                Value::Str(s.into()),
-                Value::Int(i),
-            ]
-        };
-        assert_eq!(out.len(), 2);
-        assert_eq!(out[0].values, made(1, "x"));
-        assert_eq!(out[1].values, made(2, "y"));
-    }
 }

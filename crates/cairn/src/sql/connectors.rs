@@ -14,6 +14,7 @@ use crate::connectors::{
 use crate::error::{TaskError, TaskResult};
 use crate::runtime::chain::{Source, SourceReader, SourceStatus};
 
+use super::calc::Calc;
 use super::expr::{BinOp, Expr};
 use super::plan::Table;
 use super::types::{parse_timestamp, write_timestamp, Row, RowKind, SqlType, Value};
@@ -140,32 +141,40 @@ pub struct Scanned {
     pub stream: DataStream<Row>,
     /// What EXPLAIN says of what the source skips.
     pub note: Option<String>,
-    /// When the source read only what the calc over it uses (its rows narrower than the
-    /// table's), that calc's filter and projection over those rows.
-    pub calc: Option<NarrowedCalc>,
+    /// Whether the source ran the calc over it (it read only what the calc uses): its rows
+    /// are then the calc's output, with the calc's event-time column as their timestamps.
+    pub calc_in_source: bool,
 }
 
-/// A calc's filter (None: every row passes) and projection over a source's narrowed rows.
-pub type NarrowedCalc = (Option<Expr>, Vec<Expr>);
+/// The calc a scan's rows meet next (over the table's columns), which a source may run.
+#[derive(Clone, Copy)]
+pub struct ScanCalc<'a> {
+    /// Rows it rejects are dropped (None: every row passes).
+    pub filter: Option<&'a Expr>,
+    /// The calc's output.
+    pub project: &'a [Expr],
+    /// The event-time column of its output, if it has one.
+    pub rowtime: Option<usize>,
+}
 
 /// Reads a table: its rows, computed columns included, with timestamps and watermarks when
 /// it declares a `WATERMARK`. `calc`, the filter and projection the rows meet next, lets a
-/// connector skip rows it knows fail the filter (the filter still runs after), and read only
-/// the columns and fields the calc uses, which [`Scanned::calc`] then reads instead.
+/// connector skip rows it knows fail the filter (the filter still runs after), or run the
+/// calc itself over rows of only the columns and fields it uses ([`Scanned::calc_in_source`]).
 pub fn source(
     env: &StreamEnv,
     table: &Arc<Table>,
     uid: &str,
     seed: u64,
-    calc: Option<(Option<&Expr>, &[Expr])>,
+    calc: Option<ScanCalc<'_>>,
 ) -> Result<Scanned> {
-    let filter = calc.and_then(|c| c.0);
+    let filter = calc.and_then(|c| c.filter);
     let name = connector(table)?;
     let mut options = Options::new(table);
     let stream = match name.as_str() {
         "nexmark" => {
             let only = filter.and_then(nexmark_kind);
-            let mut source = nexmark(table, &mut options, seed, only)?;
+            let source = nexmark(table, &mut options, seed, only)?;
             options.finish("nexmark", NEXMARK_OPTIONS)?;
             let mut note = only.map(|kind| match kind {
                 EventKind::Person => "only persons".to_string(),
@@ -181,21 +190,29 @@ pub fn source(
                 }
                 _ => None,
             };
-            if let Some(p) = calc.and_then(|(f, project)| prune(table, f, project, &known)) {
+            if let Some((c, p)) =
+                calc.and_then(|c| Some((c, prune(table, c.filter, c.project, &known)?)))
+            {
                 let fields = p.leaves.len();
                 note = Some(match note {
                     Some(n) => format!("{n}, {fields} fields read"),
                     None => format!("{fields} fields read"),
                 });
-                let (leaves, computed) = (Arc::new(p.leaves), Arc::new(p.computed));
-                let map: RowMap<NexmarkEvent> =
-                    Arc::new(move |e| nexmark_leaves(e, &leaves, &computed, p.width));
-                source.map = map;
-                let stream = attach_computed(env, source, table, uid, p.rowtime, Vec::new());
+                let delay = p.rowtime.map(|(_, delay)| delay);
+                let source = NarrowSource {
+                    inner: source.inner,
+                    narrowing: Arc::new(Narrowing {
+                        leaves: p.leaves,
+                        computed: p.computed,
+                        rowtime: p.rowtime.map(|(col, _)| col),
+                        calc: Calc::new(p.filter, p.project),
+                    }),
+                };
+                let time = delay.map(|delay| (c.rowtime, delay));
                 return Ok(Scanned {
-                    stream,
+                    stream: timed(env, source, time, table, uid),
                     note,
-                    calc: Some((p.filter, p.project)),
+                    calc_in_source: true,
                 });
             }
             let computed = table
@@ -210,7 +227,7 @@ pub fn source(
             return Ok(Scanned {
                 stream,
                 note,
-                calc: None,
+                calc_in_source: false,
             });
         }
         "datagen" => {
@@ -252,7 +269,7 @@ pub fn source(
     Ok(Scanned {
         stream,
         note: None,
-        calc: None,
+        calc_in_source: false,
     })
 }
 
@@ -274,8 +291,6 @@ struct Pruned {
     /// The calc's filter (None if it always holds) and projection, over the narrowed rows.
     filter: Option<Expr>,
     project: Vec<Expr>,
-    /// Room each row is made with: the calc's output takes its place.
-    width: usize,
 }
 
 /// What `filter` and `project` (over `table`'s columns) read, as [`Pruned`]; `known` gives
@@ -342,7 +357,6 @@ fn prune(
         .filter(|f| !matches!(f, Expr::Lit(Value::Bool(true))));
     let project: Vec<Expr> = project.into_iter().map(renumber).collect();
     Some(Pruned {
-        width: (n + computed.len()).max(project.len()),
         computed: computed.into_iter().map(renumber).collect(),
         rowtime: rowtime.map(|(c, d)| (n + c, d)),
         leaves,
@@ -418,11 +432,28 @@ fn attach_computed(
         inner: source,
         computed,
     };
-    let stream = match rowtime {
+    timed(
+        env,
+        source,
+        rowtime.map(|(col, delay)| (Some(col), delay)),
+        table,
+        uid,
+    )
+}
+
+/// The stream of `source`'s rows; with `time` (the event-time column of the rows, and the
+/// watermark's delay), their timestamps and the source's watermarks.
+fn timed(
+    env: &StreamEnv,
+    source: impl Source<Row>,
+    time: Option<(Option<usize>, i64)>,
+    table: &Table,
+    uid: &str,
+) -> DataStream<Row> {
+    let stream = match time {
         Some((col, delay)) => {
             let ts = move |r: &Row| {
-                r.values
-                    .get(col)
+                col.and_then(|c| r.values.get(c))
                     .and_then(Value::as_i64)
                     .unwrap_or(i64::MIN)
             };
@@ -655,71 +686,164 @@ fn kind_code(kind: EventKind) -> i64 {
     }
 }
 
-/// The narrowed row of `e`: its `leaves` (no whole ROW column among them), then the
-/// `computed` columns over them, made with room for `width` values.
-fn nexmark_leaves(
-    mut e: NexmarkEvent,
-    leaves: &[Leaf],
-    computed: &[Expr],
-    width: usize,
-) -> TaskResult<Row> {
-    let mut values = Vec::with_capacity(width);
-    for leaf in leaves {
-        values.push(match leaf.field {
-            Some(f) => nexmark_field(&mut e, leaf.col, f),
-            None => Value::Int(kind_code(e.kind())),
-        });
+/// What a nexmark source reads of each event when it runs the calc over it: the `leaves`
+/// (no whole ROW column among them), then the table's `computed` columns over them, make
+/// the narrowed row the calc reads.
+struct Narrowing {
+    leaves: Vec<Leaf>,
+    computed: Vec<Expr>,
+    /// The event-time column of the narrowed row.
+    rowtime: Option<usize>,
+    calc: Calc,
+}
+
+impl Narrowing {
+    /// Makes `row` the narrowed row of `e`.
+    fn narrow(&self, mut e: NexmarkEvent, row: &mut Vec<Value>) -> TaskResult {
+        row.clear();
+        row.resize(self.leaves.len(), Value::Null);
+        for (leaf, slot) in self.leaves.iter().zip(row.iter_mut()) {
+            match leaf.field {
+                Some(f) => set_nexmark_field(&mut e, leaf.col, f, slot),
+                None => *slot = Value::Int(kind_code(e.kind())),
+            }
+        }
+        let n = row.len();
+        for c in &self.computed {
+            let v = c
+                .eval(&row[..n])
+                .map_err(|m| TaskError::Unrecoverable(format!("computed column: {m}")))?;
+            row.push(v);
+        }
+        Ok(())
     }
-    let n = values.len();
-    for c in computed {
-        let v = c
-            .eval(&values[..n])
-            .map_err(|m| TaskError::Unrecoverable(format!("computed column: {m}")))?;
-        values.push(v);
+}
+
+/// The nexmark source running the calc over it.
+struct NarrowSource {
+    inner: NexmarkSource,
+    narrowing: Arc<Narrowing>,
+}
+
+impl Source<Row> for NarrowSource {
+    fn create_splits(&self, parallelism: u32) -> TaskResult<Vec<Vec<u8>>> {
+        self.inner.create_splits(parallelism)
     }
-    Ok(Row::insert(values))
+
+    fn create_reader(
+        &self,
+        subtask: u32,
+        parallelism: u32,
+        splits: Vec<Vec<u8>>,
+    ) -> TaskResult<Box<dyn SourceReader<Row>>> {
+        Ok(Box::new(NarrowReader {
+            inner: self.inner.create_reader(subtask, parallelism, splits)?,
+            narrowing: self.narrowing.clone(),
+            events: Vec::new(),
+            row: Vec::new(),
+            event_time: None,
+        }))
+    }
+}
+
+/// Reads events, makes each one's narrowed row in one reused vector, and returns the calc's
+/// output for those that pass its filter: a row is allocated only for what goes on.
+struct NarrowReader {
+    inner: Box<dyn SourceReader<NexmarkEvent>>,
+    narrowing: Arc<Narrowing>,
+    events: Vec<NexmarkEvent>,
+    row: Vec<Value>,
+    /// The largest event time the last poll read, filtered rows included.
+    event_time: Option<i64>,
+}
+
+impl SourceReader<Row> for NarrowReader {
+    fn poll(&mut self, out: &mut Vec<Row>, max: usize) -> TaskResult<SourceStatus> {
+        let status = self.inner.poll(&mut self.events, max)?;
+        let n = &*self.narrowing;
+        let calc_err = |m: String| TaskError::Unrecoverable(format!("SQL expression: {m}"));
+        let mut latest: Option<i64> = None;
+        for e in self.events.drain(..) {
+            n.narrow(e, &mut self.row)?;
+            if let Some(c) = n.rowtime {
+                let t = self.row[c].as_i64().unwrap_or(i64::MIN);
+                latest = Some(latest.map_or(t, |l| l.max(t)));
+            }
+            if !n.calc.passes(&self.row).map_err(calc_err)? {
+                continue;
+            }
+            let mut values = Vec::with_capacity(n.calc.width());
+            n.calc
+                .project_into(&mut self.row, &mut values)
+                .map_err(calc_err)?;
+            out.push(Row::insert(values));
+        }
+        self.event_time = latest;
+        Ok(status)
+    }
+    fn read_event_time(&mut self) -> Option<i64> {
+        self.event_time.take()
+    }
+    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
+        self.inner.snapshot()
+    }
+    fn last_split(&self) -> usize {
+        self.inner.last_split()
+    }
+    fn split_count(&self) -> usize {
+        self.inner.split_count()
+    }
+    fn split_finished(&self, index: usize) -> bool {
+        self.inner.split_finished(index)
+    }
+    fn snapshot_taken(&mut self, checkpoint_id: u64) {
+        self.inner.snapshot_taken(checkpoint_id)
+    }
+    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
+        self.inner.notify_complete(checkpoint_id)
+    }
 }
 
 /// Field `field` of the nexmark table's ROW column `col` of `e` (NULL if `e` is another
-/// kind); a string moves out of the event, which each field is read from once.
-fn nexmark_field(e: &mut NexmarkEvent, col: usize, field: usize) -> Value {
+/// kind), written into `slot` (each arm in place: a value made and then copied costs a stalled load); a string moves out of the event, which each field is read from once.
+fn set_nexmark_field(e: &mut NexmarkEvent, col: usize, field: usize, slot: &mut Value) {
     use std::mem::take;
     match (e, col) {
         (NexmarkEvent::Person(p), 1) => match field {
-            0 => Value::Int(p.id),
-            1 => s(take(&mut p.name)),
-            2 => s(take(&mut p.email_address)),
-            3 => s(take(&mut p.credit_card)),
-            4 => s(take(&mut p.city)),
-            5 => s(take(&mut p.state)),
-            6 => Value::Ts(p.date_time),
-            7 => s(take(&mut p.extra)),
-            _ => Value::Null,
+            0 => *slot = Value::Int(p.id),
+            1 => *slot = s(take(&mut p.name)),
+            2 => *slot = s(take(&mut p.email_address)),
+            3 => *slot = s(take(&mut p.credit_card)),
+            4 => *slot = s(take(&mut p.city)),
+            5 => *slot = s(take(&mut p.state)),
+            6 => *slot = Value::Ts(p.date_time),
+            7 => *slot = s(take(&mut p.extra)),
+            _ => *slot = Value::Null,
         },
         (NexmarkEvent::Auction(a), 2) => match field {
-            0 => Value::Int(a.id),
-            1 => s(take(&mut a.item_name)),
-            2 => s(take(&mut a.description)),
-            3 => Value::Int(a.initial_bid),
-            4 => Value::Int(a.reserve),
-            5 => Value::Ts(a.date_time),
-            6 => Value::Ts(a.expires),
-            7 => Value::Int(a.seller),
-            8 => Value::Int(a.category),
-            9 => s(take(&mut a.extra)),
-            _ => Value::Null,
+            0 => *slot = Value::Int(a.id),
+            1 => *slot = s(take(&mut a.item_name)),
+            2 => *slot = s(take(&mut a.description)),
+            3 => *slot = Value::Int(a.initial_bid),
+            4 => *slot = Value::Int(a.reserve),
+            5 => *slot = Value::Ts(a.date_time),
+            6 => *slot = Value::Ts(a.expires),
+            7 => *slot = Value::Int(a.seller),
+            8 => *slot = Value::Int(a.category),
+            9 => *slot = s(take(&mut a.extra)),
+            _ => *slot = Value::Null,
         },
         (NexmarkEvent::Bid(b), 3) => match field {
-            0 => Value::Int(b.auction),
-            1 => Value::Int(b.bidder),
-            2 => Value::Int(b.price),
-            3 => s(take(&mut b.channel)),
-            4 => s(take(&mut b.url)),
-            5 => Value::Ts(b.date_time),
-            6 => s(take(&mut b.extra)),
-            _ => Value::Null,
+            0 => *slot = Value::Int(b.auction),
+            1 => *slot = Value::Int(b.bidder),
+            2 => *slot = Value::Int(b.price),
+            3 => *slot = s(take(&mut b.channel)),
+            4 => *slot = s(take(&mut b.url)),
+            5 => *slot = Value::Ts(b.date_time),
+            6 => *slot = s(take(&mut b.extra)),
+            _ => *slot = Value::Null,
         },
-        _ => Value::Null,
+        _ => *slot = Value::Null,
     }
 }
 

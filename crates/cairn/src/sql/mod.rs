@@ -11,6 +11,7 @@
 
 pub mod agg;
 pub mod build;
+pub mod calc;
 pub mod connectors;
 pub mod expr;
 #[cfg(feature = "kafka")]
