@@ -700,8 +700,12 @@ struct Narrowing {
 impl Narrowing {
     /// Makes `row` the narrowed row of `e`.
     fn narrow(&self, mut e: NexmarkEvent, row: &mut Vec<Value>) -> TaskResult {
-        row.clear();
-        row.resize(self.leaves.len(), Value::Null);
+        // The last event's row is overwritten in place (what it kept is dropped as its slot
+        // is), not cleared and made again.
+        row.truncate(self.leaves.len());
+        while row.len() < self.leaves.len() {
+            row.push(Value::Null);
+        }
         for (leaf, slot) in self.leaves.iter().zip(row.iter_mut()) {
             match leaf.field {
                 Some(f) => set_nexmark_field(&mut e, leaf.col, f, slot),

@@ -331,9 +331,16 @@ impl Expr {
                 Value::Decimal(u, s) => Value::Decimal(-u, s),
                 _ => Value::Null,
             },
+            Expr::Bin(BinOp::And | BinOp::Or, ..) => match self.truth(row)? {
+                Some(b) => Value::Bool(b),
+                None => Value::Null,
+            },
             Expr::Bin(op, a, b, ty) => match integral(*op, a, b, ty, row) {
                 Some(v) => v,
-                None => binary(*op, a, b, ty, row)?,
+                None => match decimal_operand(self, row) {
+                    Some((u, s)) => Value::Decimal(u, s),
+                    None => binary(*op, a, b, ty, row)?,
+                },
             },
             Expr::IsNull(e, is) => Value::Bool(operand(e, row)?.is_null() == *is),
             Expr::Case(whens, otherwise) => {
@@ -344,6 +351,10 @@ impl Expr {
                 }
                 otherwise.eval(row)?
             }
+            Expr::Cast(e, ty @ SqlType::Decimal(..)) => match decimal_operand(self, row) {
+                Some((u, s)) => Value::Decimal(u, s),
+                None => cast(e.eval(row)?, ty)?,
+            },
             Expr::Cast(e, ty) => cast(e.eval(row)?, ty)?,
             Expr::InList(e, list, negated) => {
                 let v = operand(e, row)?;
@@ -369,7 +380,102 @@ impl Expr {
 
     /// Evaluates a condition: `NULL` is not true.
     pub fn test(&self, row: &[Value]) -> Result<bool, String> {
-        Ok(matches!(self.eval(row)?, Value::Bool(true)))
+        Ok(self.truth(row)? == Some(true))
+    }
+
+    /// A condition's value in SQL's three-valued logic (None: `NULL`), without making a
+    /// [`Value`] of it or of its parts where they are logic, integer or timestamp
+    /// comparisons; the same result as [`Expr::eval`].
+    pub fn truth(&self, row: &[Value]) -> Result<Option<bool>, String> {
+        Ok(match self {
+            Expr::Lit(Value::Bool(b)) => Some(*b),
+            Expr::Not(e) => e.truth(row)?.map(|b| !b),
+            Expr::Bin(BinOp::And, a, b, _) => match a.truth(row)? {
+                Some(false) => Some(false),
+                x => match (x, b.truth(row)?) {
+                    (_, Some(false)) => Some(false),
+                    (Some(true), Some(true)) => Some(true),
+                    _ => None,
+                },
+            },
+            Expr::Bin(BinOp::Or, a, b, _) => match a.truth(row)? {
+                Some(true) => Some(true),
+                x => match (x, b.truth(row)?) {
+                    (_, Some(true)) => Some(true),
+                    (Some(false), Some(false)) => Some(false),
+                    _ => None,
+                },
+            },
+            Expr::Bin(op, a, b, _) if is_comparison(*op) => {
+                match (integral_operand(a, row), integral_operand(b, row)) {
+                    (Some(x), Some(y)) if x.1 == y.1 => Some(compare(*op, x.0.cmp(&y.0))),
+                    _ => as_truth(self.eval(row)?),
+                }
+            }
+            _ => as_truth(self.eval(row)?),
+        })
+    }
+}
+
+/// A condition's value as [`Expr::truth`] gives it.
+fn as_truth(v: Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(b),
+        _ => None,
+    }
+}
+
+fn is_comparison(op: BinOp) -> bool {
+    matches!(
+        op,
+        BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge
+    )
+}
+
+/// Whether comparison `op` holds for operands ordered `o`.
+fn compare(op: BinOp, o: Ordering) -> bool {
+    match op {
+        BinOp::Eq => o == Ordering::Equal,
+        BinOp::Ne => o != Ordering::Equal,
+        BinOp::Lt => o == Ordering::Less,
+        BinOp::Le => o != Ordering::Greater,
+        BinOp::Gt => o == Ordering::Greater,
+        _ => o != Ordering::Less,
+    }
+}
+
+/// A `DECIMAL` sum, difference or product, or a cast to `DECIMAL` (or an operand of one: an
+/// integer or decimal read in place, or a constant) as unscaled value and scale, computed without the general path's
+/// copies; the same result as [`arithmetic`]. None for anything else (NULLs, a result beyond
+/// `DECIMAL(38)`, other operators and types), which the general path then evaluates.
+#[inline]
+fn decimal_operand(e: &Expr, row: &[Value]) -> Option<(i128, u8)> {
+    let of = |v: &Value| match v {
+        Value::Int(i) => Some((i128::from(*i), 0)),
+        Value::Decimal(u, s) => Some((*u, *s)),
+        _ => None,
+    };
+    match e {
+        Expr::Lit(v) => of(v),
+        Expr::Col(_) | Expr::Field(..) => of(e.place(row)?),
+        Expr::Bin(
+            op @ (BinOp::Add | BinOp::Sub | BinOp::Mul),
+            a,
+            b,
+            SqlType::Decimal(_, scale),
+        ) => {
+            let (x, y) = (decimal_operand(a, row)?, decimal_operand(b, row)?);
+            let u = decimal_arithmetic(*op, x, y, *scale).filter(|u| fits(*u, 38))?;
+            Some((u, *scale))
+        }
+        // A cast that keeps or adds digits (one that drops some rounds: the general path).
+        Expr::Cast(inner, SqlType::Decimal(precision, scale)) => {
+            let (u, s) = decimal_operand(inner, row)?;
+            let u =
+                checked_rescale(u, s, *scale).filter(|u| fits(*u, *precision) && s <= *scale)?;
+            Some((u, *scale))
+        }
+        _ => None,
     }
 }
 
@@ -589,17 +695,37 @@ fn decimal_arithmetic(
 /// `u` at scale `to` instead of `from` (truncating when it shrinks); None when it overflows.
 fn checked_rescale(u: i128, from: u8, to: u8) -> Option<i128> {
     if to >= from {
-        u.checked_mul(10i128.checked_pow(u32::from(to - from))?)
+        u.checked_mul(pow10(to - from)?)
     } else {
-        Some(u / 10i128.checked_pow(u32::from(from - to))?)
+        Some(u / pow10(from - to)?)
     }
+}
+
+/// The powers of ten an `i128` holds: 10^0 to 10^38.
+const POW10: [i128; 39] = {
+    let mut t = [1i128; 39];
+    let mut i = 1;
+    while i < t.len() {
+        t[i] = t[i - 1] * 10;
+        i += 1;
+    }
+    t
+};
+
+/// 10^n, if an `i128` holds it (a table: no multiplications per value).
+#[inline]
+fn pow10(n: u8) -> Option<i128> {
+    POW10.get(usize::from(n)).copied()
 }
 
 /// Whether unscaled `u` has at most `precision` digits.
 fn fits(u: i128, precision: u8) -> bool {
-    match 10u128.checked_pow(u32::from(precision)) {
-        Some(limit) => u.unsigned_abs() < limit,
-        None => true,
+    match pow10(precision) {
+        Some(limit) => u.unsigned_abs() < limit.unsigned_abs(),
+        None => match 10u128.checked_pow(u32::from(precision)) {
+            Some(limit) => u.unsigned_abs() < limit,
+            None => true,
+        },
     }
 }
 
@@ -1170,6 +1296,67 @@ mod tests {
             arithmetic(BinOp::Mul, big, Value::Int(10), &ty).unwrap(),
             Value::Null
         );
+    }
+
+    #[test]
+    fn the_fast_paths_agree_with_the_general_one() {
+        let values = [
+            Value::Null,
+            Value::Int(-7),
+            Value::Int(123),
+            Value::Int(i64::MAX),
+            Value::Decimal(908, 3),
+            Value::Decimal(-15, 1),
+            Value::Decimal(i128::MAX / 10, 2),
+            Value::Double(2.5),
+            Value::Ts(123),
+            Value::Bool(true),
+            Value::Bool(false),
+        ];
+        let row: Vec<Value> = values.to_vec();
+        let operands: Vec<Expr> = (0..row.len())
+            .map(Expr::Col)
+            .chain(values.iter().cloned().map(Expr::Lit))
+            .collect();
+        let types = [
+            SqlType::Boolean,
+            SqlType::BigInt,
+            SqlType::Decimal(38, 3),
+            SqlType::Decimal(10, 0),
+        ];
+        use BinOp::*;
+        for op in [Add, Sub, Mul, Eq, Ne, Lt, Le, Gt, Ge, And, Or] {
+            for a in &operands {
+                for b in &operands {
+                    for ty in &types {
+                        let e = Expr::Bin(op, Box::new(a.clone()), Box::new(b.clone()), ty.clone());
+                        let general = binary(op, a, b, ty, &row);
+                        let fast = e.eval(&row);
+                        match (&general, &fast) {
+                            // A type the binder never lets through may fail either way.
+                            (Err(_), Err(_)) => {}
+                            _ => assert_eq!(fast, general, "{e:?}"),
+                        }
+                        if let Ok(v) = general {
+                            if matches!(v, Value::Bool(_) | Value::Null) {
+                                assert_eq!(e.truth(&row), Ok(as_truth(v)), "{e:?}");
+                            }
+                        }
+                        let cast = Expr::Cast(Box::new(e.clone()), SqlType::Decimal(23, 3));
+                        if let Ok(v) = e.eval(&row) {
+                            assert_eq!(cast.eval(&row), super::cast(v, &SqlType::Decimal(23, 3)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_of_powers_of_ten_is_checked_pow() {
+        for n in 0..=45u8 {
+            assert_eq!(pow10(n), 10i128.checked_pow(u32::from(n)), "10^{n}");
+        }
     }
 
     #[test]
