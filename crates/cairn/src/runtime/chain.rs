@@ -556,14 +556,23 @@ pub trait SourceReader<T>: Send {
     fn notify_complete(&mut self, _checkpoint_id: u64) -> TaskResult {
         Ok(())
     }
-    /// For a reader that knows the event time of what it reads better than the source's
-    /// timestamp function over the records it returns (it drops some records, as a SQL
-    /// source running the filter over it does, or returns them reshaped): the largest event
-    /// time among every record the last poll read, returned or not, or None if it read
-    /// none. The source's watermark then follows it instead of the returned records.
-    fn read_event_time(&mut self) -> Option<i64> {
+    /// For a reader whose returned records do not tell what it read (it drops some, as a SQL
+    /// source running the filter over it does, or returns them reshaped): what the last poll
+    /// read, taken (a second call returns None). The source then counts and times what it
+    /// read, not what it returned: its watermark follows every record read.
+    fn last_read(&mut self) -> Option<PollRead> {
         None
     }
+}
+
+/// What a source reader's poll read ([`SourceReader::last_read`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollRead {
+    /// How many records it read.
+    pub records: usize,
+    /// The largest event time among them (None: it read none, or the source has no event
+    /// time).
+    pub event_time: Option<i64>,
 }
 
 /// The type-erased head of a task: a source reader or the first operator of the chain.
@@ -811,15 +820,20 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
         }
         let status = self.reader.poll(&mut self.buf, BATCH_RECORDS_MAX)?;
         let n = self.buf.len();
-        let read = self.reader.read_event_time();
-        if let (Some(time), true) = (&mut self.time, n > 0 || read.is_some()) {
+        let read = self.reader.last_read();
+        let records = read.map_or(n, |r| r.records);
+        if let (Some(time), true) = (&mut self.time, records > 0) {
             let now = std::time::Instant::now();
             // A source may find new splits (a Kafka topic's new partitions) as it runs.
             time.watermarks
                 .ensure_splits(self.reader.split_count(), now);
             let split = self.reader.last_split();
             match read {
-                Some(t) => time.watermarks.on_record(split, t),
+                Some(r) => {
+                    if let Some(t) = r.event_time {
+                        time.watermarks.on_record(split, t);
+                    }
+                }
                 None => {
                     for r in &self.buf {
                         time.watermarks.on_record(split, (time.timestamp)(r));
@@ -838,7 +852,7 @@ impl<T: Send + 'static> TaskBody for SourceBody<T> {
             // so that every event-time result is in it.
             self.end_event_time()?;
         }
-        Ok((n, status))
+        Ok((records, status))
     }
     fn end_event_time(&mut self) -> TaskResult {
         if self.watermark == WATERMARK_MAX {
@@ -1031,21 +1045,24 @@ mod tests {
     /// (a source running a filter), reporting the event time of all it read.
     struct Filtering {
         batches: Vec<Vec<i64>>,
-        event_time: Option<i64>,
+        read: Option<PollRead>,
     }
 
     impl SourceReader<i64> for Filtering {
         fn poll(&mut self, out: &mut Vec<i64>, _max: usize) -> TaskResult<SourceStatus> {
             let batch = self.batches.remove(0);
-            self.event_time = batch.iter().copied().max();
+            self.read = Some(PollRead {
+                records: batch.len(),
+                event_time: batch.iter().copied().max(),
+            });
             out.extend(batch.into_iter().filter(|t| t % 2 == 0));
             Ok(SourceStatus::More)
         }
         fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
             Ok(Vec::new())
         }
-        fn read_event_time(&mut self) -> Option<i64> {
-            self.event_time.take()
+        fn last_read(&mut self) -> Option<PollRead> {
+            self.read.take()
         }
     }
 
@@ -1088,12 +1105,12 @@ mod tests {
     }
 
     #[test]
-    fn the_watermark_follows_the_records_a_reader_read_not_only_those_it_returned() {
+    fn a_source_counts_and_times_the_records_its_reader_read_not_only_those_it_returned() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let reader = Filtering {
             // The second batch returns nothing, the third only an older record.
             batches: vec![vec![1_000, 2_000], vec![5_001, 7_001], vec![3_000, 9_001]],
-            event_time: None,
+            read: None,
         };
         let watermarks = SourceWatermarks::new(
             WatermarkGenerator::BoundedOutOfOrderness(Duration::ZERO),
@@ -1117,7 +1134,8 @@ mod tests {
         );
         let mut after = Vec::new();
         for _ in 0..3 {
-            body.poll_source().unwrap();
+            // The records counted are those read.
+            assert_eq!(body.poll_source().unwrap().0, 2);
             after.push(*seen.lock().unwrap().last().unwrap());
         }
         // Bounded out of orderness by 0: the largest timestamp read, less 1 ms.

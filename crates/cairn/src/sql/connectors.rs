@@ -12,7 +12,7 @@ use crate::connectors::{
     PrintSink, SequenceSource,
 };
 use crate::error::{TaskError, TaskResult};
-use crate::runtime::chain::{Source, SourceReader, SourceStatus};
+use crate::runtime::chain::{PollRead, Source, SourceReader, SourceStatus};
 
 use super::calc::Calc;
 use super::expr::{BinOp, Expr};
@@ -745,7 +745,7 @@ impl Source<Row> for NarrowSource {
             narrowing: self.narrowing.clone(),
             events: Vec::new(),
             row: Vec::new(),
-            event_time: None,
+            read: None,
         }))
     }
 }
@@ -757,13 +757,14 @@ struct NarrowReader {
     narrowing: Arc<Narrowing>,
     events: Vec<NexmarkEvent>,
     row: Vec<Value>,
-    /// The largest event time the last poll read, filtered rows included.
-    event_time: Option<i64>,
+    /// What the last poll read, filtered rows included.
+    read: Option<PollRead>,
 }
 
 impl SourceReader<Row> for NarrowReader {
     fn poll(&mut self, out: &mut Vec<Row>, max: usize) -> TaskResult<SourceStatus> {
         let status = self.inner.poll(&mut self.events, max)?;
+        let records = self.events.len();
         let n = &*self.narrowing;
         let calc_err = |m: String| TaskError::Unrecoverable(format!("SQL expression: {m}"));
         let mut latest: Option<i64> = None;
@@ -782,11 +783,14 @@ impl SourceReader<Row> for NarrowReader {
                 .map_err(calc_err)?;
             out.push(Row::insert(values));
         }
-        self.event_time = latest;
+        self.read = Some(PollRead {
+            records,
+            event_time: latest,
+        });
         Ok(status)
     }
-    fn read_event_time(&mut self) -> Option<i64> {
-        self.event_time.take()
+    fn last_read(&mut self) -> Option<PollRead> {
+        self.read.take()
     }
     fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
         self.inner.snapshot()
