@@ -24,6 +24,20 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 /// A record's key and value.
 type KeyValue = (Option<Vec<u8>>, Option<Vec<u8>>);
 
+/// The cross-check with librdkafka's `read_committed` consumer runs alone: while this file's
+/// other tests ran beside it (producers killed with transactions open, fenced, aborted),
+/// librdkafka missed whole committed transactions that the raw log holds committed exactly
+/// once (about one run in four; never alone). Every other test shares the gate.
+static GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    GATE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    GATE.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A client of the test broker; fails the test if no broker answers.
 fn broker() -> WireClient {
     let mut w = WireClient::new(&kafka_brokers(), Duration::from_secs(20));
@@ -192,6 +206,7 @@ fn wordcount(
 
 #[test]
 fn exactly_once_wordcount_commits_every_count_once() {
+    let _gate = alone();
     let mut w = broker();
     let topic = new_topic(&mut w, "eo", 3);
     let tmp = tempfile::tempdir().unwrap();
@@ -308,6 +323,7 @@ const MID_TRANSACTION_KILLS_MAX: usize = 8;
 /// equals an undisturbed run's (every count once).
 #[test]
 fn sigkill_at_the_sinks_failpoints_and_mid_transaction_keeps_exactly_once() {
+    let _gate = shared();
     let mut w = broker();
     let topic = new_topic(&mut w, "eo-kill", 3);
     let tmp = tempfile::tempdir().unwrap();
@@ -433,6 +449,7 @@ fn check_restore(
 
 #[test]
 fn at_least_once_loses_nothing_after_a_sigkill() {
+    let _gate = shared();
     let mut w = broker();
     let topic = new_topic(&mut w, "alo-kill", 2);
     let tmp = tempfile::tempdir().unwrap();
@@ -459,6 +476,7 @@ fn at_least_once_loses_nothing_after_a_sigkill() {
 /// producers (a zombie), which fails with one line naming the fenced id instead of writing on.
 #[test]
 fn a_fenced_producer_fails_its_job_with_a_clear_error() {
+    let _gate = shared();
     let mut w = broker();
     let (topic_a, topic_b) = (
         new_topic(&mut w, "zombie-a", 2),
@@ -509,6 +527,7 @@ fn a_fenced_producer_fails_its_job_with_a_clear_error() {
 
 #[test]
 fn an_unreachable_broker_fails_with_one_line() {
+    let _gate = shared();
     let tmp = tempfile::tempdir().unwrap();
     let out = cairn()
         .args(["run", "wordcount", "--generate", "10"])
@@ -594,6 +613,7 @@ const PACED_LINES_PER_S: u64 = 5_000;
 /// record.
 #[test]
 fn kafka_to_kafka_sigkilled_at_every_failpoint_and_rescaled_equals_an_undisturbed_run() {
+    let _gate = shared();
     const PARTITIONS: i32 = 3;
     let (lines, per_line, keys) = (50_000u64, 40u64, 5_000u64);
     let mut w = broker();
@@ -715,6 +735,7 @@ fn job_state(rest: std::net::SocketAddr, jid: &str) -> String {
 /// transaction is left open, and the output holds every count once.
 #[test]
 fn in_a_cluster_workers_killed_at_the_sinks_failpoints_keep_exactly_once() {
+    let _gate = shared();
     const PARTITIONS: i32 = 3;
     let (lines, per_line, keys) = (30_000u64, 20u64, 2_000u64);
     let mut w = broker();
