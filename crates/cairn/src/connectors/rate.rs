@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::TaskResult;
-use crate::runtime::chain::{Source, SourceReader, SourceStatus};
+use crate::runtime::chain::{delegate_source_reader, PollRead, Source, SourceReader, SourceStatus};
 
 /// Paces one reader at `rate` records per second from its start on. Time is an argument, so
 /// tests need no clock.
@@ -105,29 +105,11 @@ impl<T> SourceReader<T> for RateLimitedReader<T> {
         Ok(status)
     }
 
-    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
-        self.inner.snapshot()
+    fn last_read(&mut self) -> Option<PollRead> {
+        self.inner.last_read()
     }
 
-    fn last_split(&self) -> usize {
-        self.inner.last_split()
-    }
-
-    fn split_count(&self) -> usize {
-        self.inner.split_count()
-    }
-
-    fn split_finished(&self, index: usize) -> bool {
-        self.inner.split_finished(index)
-    }
-
-    fn snapshot_taken(&mut self, checkpoint_id: u64) {
-        self.inner.snapshot_taken(checkpoint_id)
-    }
-
-    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
-        self.inner.notify_complete(checkpoint_id)
-    }
+    delegate_source_reader!(inner);
 }
 
 #[cfg(test)]

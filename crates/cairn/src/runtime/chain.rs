@@ -575,6 +575,33 @@ pub struct PollRead {
     pub event_time: Option<i64>,
 }
 
+/// The [`SourceReader`] methods of a reader that wraps another (`self.$inner`) and reads the
+/// same splits: its positions, splits and checkpoint notifications are the inner reader's.
+/// Each wrapper still says what its polls read ([`SourceReader::last_read`]).
+macro_rules! delegate_source_reader {
+    ($inner:ident) => {
+        fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
+            self.$inner.snapshot()
+        }
+        fn last_split(&self) -> usize {
+            self.$inner.last_split()
+        }
+        fn split_count(&self) -> usize {
+            self.$inner.split_count()
+        }
+        fn split_finished(&self, index: usize) -> bool {
+            self.$inner.split_finished(index)
+        }
+        fn snapshot_taken(&mut self, checkpoint_id: u64) {
+            self.$inner.snapshot_taken(checkpoint_id)
+        }
+        fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
+            self.$inner.notify_complete(checkpoint_id)
+        }
+    };
+}
+pub(crate) use delegate_source_reader;
+
 /// The type-erased head of a task: a source reader or the first operator of the chain.
 pub trait TaskBody: Send {
     /// Processes a batch (a `Vec<I>` of the head's input `port`); returns its record count.

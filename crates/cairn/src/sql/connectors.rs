@@ -12,7 +12,7 @@ use crate::connectors::{
     PrintSink, SequenceSource,
 };
 use crate::error::{TaskError, TaskResult};
-use crate::runtime::chain::{PollRead, Source, SourceReader, SourceStatus};
+use crate::runtime::chain::{delegate_source_reader, PollRead, Source, SourceReader, SourceStatus};
 
 use super::calc::Calc;
 use super::expr::{BinOp, Expr};
@@ -508,24 +508,10 @@ impl<T: Send> SourceReader<Row> for MapReader<T> {
         }
         Ok(status)
     }
-    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
-        self.inner.snapshot()
+    fn last_read(&mut self) -> Option<PollRead> {
+        self.inner.last_read()
     }
-    fn last_split(&self) -> usize {
-        self.inner.last_split()
-    }
-    fn split_count(&self) -> usize {
-        self.inner.split_count()
-    }
-    fn split_finished(&self, index: usize) -> bool {
-        self.inner.split_finished(index)
-    }
-    fn snapshot_taken(&mut self, checkpoint_id: u64) {
-        self.inner.snapshot_taken(checkpoint_id)
-    }
-    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
-        self.inner.notify_complete(checkpoint_id)
-    }
+    delegate_source_reader!(inner);
 }
 
 /// Appends the computed columns to every row a source reads (before timestamps are taken,
@@ -792,24 +778,7 @@ impl SourceReader<Row> for NarrowReader {
     fn last_read(&mut self) -> Option<PollRead> {
         self.read.take()
     }
-    fn snapshot(&self) -> TaskResult<Vec<Vec<u8>>> {
-        self.inner.snapshot()
-    }
-    fn last_split(&self) -> usize {
-        self.inner.last_split()
-    }
-    fn split_count(&self) -> usize {
-        self.inner.split_count()
-    }
-    fn split_finished(&self, index: usize) -> bool {
-        self.inner.split_finished(index)
-    }
-    fn snapshot_taken(&mut self, checkpoint_id: u64) {
-        self.inner.snapshot_taken(checkpoint_id)
-    }
-    fn notify_complete(&mut self, checkpoint_id: u64) -> TaskResult {
-        self.inner.notify_complete(checkpoint_id)
-    }
+    delegate_source_reader!(inner);
 }
 
 /// Field `field` of the nexmark table's ROW column `col` of `e` (NULL if `e` is another
