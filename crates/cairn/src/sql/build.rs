@@ -119,6 +119,7 @@ pub fn compile(script: &str, seed: u64) -> Result<Compiled> {
         plan: String::new(),
         records: Some(0),
         uids: Default::default(),
+        built: Default::default(),
     };
     if let Some(q) = print_query {
         let rel = plan_query(&q, &catalog)?;
@@ -161,9 +162,20 @@ struct Builder<'a> {
     plan: String,
     records: Option<u64>,
     /// How many operators took each uid so far: the same definition over the same inputs
-    /// twice (a table or view read twice, as in a self-join) is two operators, the second's
-    /// uid numbered `-2`, in the order the plan is built.
+    /// twice in plans that differ (a table read under two aliases, as in a self-join) is two
+    /// operators, the second's uid numbered `-2`, in the order the plan is built.
     uids: std::collections::HashMap<String, u32>,
+    /// Every relation built so far, by its whole plan: a sub-plan that occurs again (a table,
+    /// a view or a subquery read twice, the same way) is built once and its stream feeds every
+    /// reader, as Flink's `table.optimizer.reuse-sub-plan-enabled` (on by default) does.
+    built: std::collections::HashMap<String, Reused>,
+}
+
+/// A relation built once and read again: its stream, digest and plan line.
+struct Reused {
+    stream: DataStream<Row>,
+    digest: u32,
+    line: String,
 }
 
 /// What a built relation is: its stream and the digest its uid carries.
@@ -332,8 +344,31 @@ impl Builder<'_> {
         Ok((Built { stream, digest: d }, line, calc_in_source))
     }
 
-    /// Builds `rel` (and its inputs, printed indented by `depth` into the plan).
+    /// Builds `rel` (and its inputs, printed indented by `depth` into the plan), or reuses
+    /// what an equal relation built before.
     fn build(&mut self, rel: &Rel, prefix: &str, depth: usize) -> Result<Built> {
+        let whole = format!("{rel:?}");
+        if let Some(r) = self.built.get(&whole) {
+            let _ = writeln!(self.plan, "{}reused: {}", "  ".repeat(depth), r.line);
+            return Ok(Built {
+                stream: r.stream.clone(),
+                digest: r.digest,
+            });
+        }
+        let mark = self.plan.len();
+        let built = self.build_new(rel, prefix, depth)?;
+        let line = self.plan[mark..].lines().next().unwrap_or("").trim_start();
+        let reused = Reused {
+            stream: built.stream.clone(),
+            digest: built.digest,
+            line: line.to_string(),
+        };
+        self.built.insert(whole, reused);
+        Ok(built)
+    }
+
+    /// Builds `rel` anew.
+    fn build_new(&mut self, rel: &Rel, prefix: &str, depth: usize) -> Result<Built> {
         let (built, line) = match &rel.node {
             Node::Scan(table) => {
                 let (built, line, _) = self.scan(table, prefix, None)?;
@@ -1255,4 +1290,51 @@ fn group_result(aggs: &[AggCall], accs: &[Acc], keys: &[Value]) -> TaskResult<Ve
         result.push(a.result(acc).map_err(eval_err)?);
     }
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DDL: &str = include_str!("../../../../sql/nexmark/ddl.sql");
+
+    fn lines_with<'a>(plan: &'a str, needle: &str) -> Vec<&'a str> {
+        plan.lines().filter(|l| l.contains(needle)).collect()
+    }
+
+    /// q5 counts bids per auction and HOP window twice, the same way (once for the rows, once
+    /// for the window's highest count): one window aggregate feeds both, over one source.
+    #[test]
+    fn a_sub_plan_read_twice_is_built_once() {
+        let q5 = include_str!("../../../../sql/nexmark/q5.sql");
+        let plan = explain(&format!("{DDL}\n{q5}")).unwrap();
+        let windows = lines_with(&plan, "window aggregate: HOP");
+        assert_eq!(windows.len(), 2, "{plan}");
+        assert_eq!(
+            lines_with(&plan, "reused: window aggregate").len(),
+            1,
+            "{plan}"
+        );
+        assert_eq!(lines_with(&plan, "source: datagen").len(), 1, "{plan}");
+        let compiled = compile(&format!("{DDL}\n{q5}"), 0).unwrap();
+        let windows = compiled
+            .graph
+            .nodes()
+            .iter()
+            .filter(|n| n.name == "window aggregate")
+            .count();
+        assert_eq!(windows, 1, "{plan}");
+    }
+
+    /// A table read twice under different aliases plans two reads (their columns are named
+    /// apart), each with its own uid.
+    #[test]
+    fn a_self_join_reads_its_table_once_per_side() {
+        let script = "CREATE TABLE t (k STRING, v INT) WITH ('connector' = 'datagen', 'number-of-rows' = '10');
+CREATE TABLE o (k STRING, v INT, w INT) WITH ('connector' = 'blackhole');
+INSERT INTO o SELECT a.k, a.v, b.v FROM t a JOIN t b ON a.k = b.k;";
+        let plan = explain(script).unwrap();
+        assert_eq!(lines_with(&plan, "source: t").len(), 2, "{plan}");
+        assert!(!plan.contains("reused"), "{plan}");
+    }
 }
