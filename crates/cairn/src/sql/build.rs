@@ -13,6 +13,7 @@ use crate::api::{
     KeyedProcessFunction, ProcessFunction, StreamEnv, TimeWindow, WindowAssigner,
 };
 use crate::error::{TaskError, TaskResult};
+use crate::state::keygroup::{KeyEncoder, StableKey};
 use crate::state::{
     KeyedContext, MapState, OperatorStateStore, StateTtlConfig, TimeDomain, ValueState,
 };
@@ -26,7 +27,7 @@ use super::plan::{
     self, coerce, plan_query, Catalog, JoinKind, Node, Rel, Time, TimeBounds, WindowKind,
 };
 use super::rank;
-use super::types::{Row, RowKind, Value};
+use super::types::{Row, RowKind, SqlType, Value};
 use super::SqlError;
 
 type Result<T> = std::result::Result<T, SqlError>;
@@ -467,28 +468,13 @@ impl Builder<'_> {
                 let agg = SqlAggregate {
                     aggs: Arc::new(aggs.clone()),
                 };
-                let out = stream
-                    .key_by(move |r: &Row| r.values[..k].to_vec())
-                    .window(assigner)
-                    .aggregate_process(
-                        agg,
-                        |key: &Vec<Value>,
-                         w: TimeWindow,
-                         results: Vec<Value>,
-                         out: &mut Collector<Row>| {
-                            let mut values = Vec::with_capacity(key.len() + 3 + results.len());
-                            values.extend(key.iter().cloned());
-                            values.extend([
-                                Value::Ts(w.start),
-                                Value::Ts(w.end),
-                                Value::Ts(w.max_timestamp()),
-                            ]);
-                            values.extend(results);
-                            out.collect(Row::insert(values));
-                        },
-                    )
-                    .uid(&uid)
-                    .name("window aggregate");
+                let one_int =
+                    k == 1 && matches!(input.columns[0].ty, SqlType::Int | SqlType::BigInt);
+                let out = if one_int {
+                    window_aggregate::<IntKey>(stream, k, assigner, agg, &uid)
+                } else {
+                    window_aggregate::<Vec<Value>>(stream, k, assigner, agg, &uid)
+                };
                 let window_time = k + 2;
                 let out = if *proctime {
                     out
@@ -557,20 +543,17 @@ impl Builder<'_> {
                     rows: None,
                     matched: [None, None],
                 };
-                let key_of = |k: Arc<[usize]>| {
-                    move |r: &Row| {
-                        k.iter()
-                            .map(|&i| r.values[i].clone())
-                            .collect::<Vec<Value>>()
-                    }
+                let ints = |cols: &[plan::Column], k: &[usize]| {
+                    k.iter()
+                        .all(|&i| matches!(cols[i].ty, SqlType::Int | SqlType::BigInt))
                 };
-                let stream = l
-                    .stream
-                    .key_by(key_of(lk))
-                    .connect(r.stream.key_by(key_of(rk)))
-                    .process(f)
-                    .uid(&uid)
-                    .name("join");
+                let one_int =
+                    lk.len() == 1 && ints(&left.columns, &lk) && ints(&right.columns, &rk);
+                let stream = if one_int {
+                    join::<IntKey>(l.stream, r.stream, lk, rk, f, &uid)
+                } else {
+                    join::<Vec<Value>>(l.stream, r.stream, lk, rk, f, &uid)
+                };
                 let on: Vec<String> = keys
                     .iter()
                     .map(|(a, b)| {
@@ -864,6 +847,142 @@ struct SqlAggregate {
     aggs: Arc<Vec<AggCall>>,
 }
 
+/// A window aggregation of `stream` keyed by its first `k` columns as a `K`: its rows are
+/// the key, the window's start, end and time, and the aggregates' results.
+fn window_aggregate<K: GroupKey>(
+    stream: DataStream<Row>,
+    k: usize,
+    assigner: WindowAssigner,
+    agg: SqlAggregate,
+    uid: &str,
+) -> DataStream<Row> {
+    stream
+        .key_by(move |r: &Row| K::of(r, k))
+        .window(assigner)
+        .aggregate_process(
+            agg,
+            |key: &K, w: TimeWindow, results: Vec<Value>, out: &mut Collector<Row>| {
+                let mut values = Vec::with_capacity(key.len() + 3 + results.len());
+                key.write(&mut values);
+                values.extend([
+                    Value::Ts(w.start),
+                    Value::Ts(w.end),
+                    Value::Ts(w.max_timestamp()),
+                ]);
+                values.extend(results);
+                out.collect(Row::insert(values));
+            },
+        )
+        .uid(uid)
+        .name("window aggregate")
+}
+
+/// The key of a keyed SQL operator: the values of a row's first columns.
+trait GroupKey: crate::state::Key {
+    /// The key of `row`, its first `k` columns.
+    fn of(row: &Row, k: usize) -> Self;
+    /// The key of `row`, its columns `cols`.
+    fn of_columns(row: &Row, cols: &[usize]) -> Self;
+    /// How many columns it holds.
+    fn len(&self) -> usize;
+    /// Appends its columns to `out`.
+    fn write(&self, out: &mut Vec<Value>);
+}
+
+impl GroupKey for Vec<Value> {
+    fn of(row: &Row, k: usize) -> Self {
+        row.values[..k].to_vec()
+    }
+    fn of_columns(row: &Row, cols: &[usize]) -> Self {
+        cols.iter().map(|&i| row.values[i].clone()).collect()
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn write(&self, out: &mut Vec<Value>) {
+        out.extend(self.iter().cloned());
+    }
+}
+
+/// The join of `left` and `right` on the columns `lk` of the one equal to the columns `rk`
+/// of the other, keyed by them as a `K`.
+fn join<K: GroupKey>(
+    left: DataStream<Row>,
+    right: DataStream<Row>,
+    lk: Arc<[usize]>,
+    rk: Arc<[usize]>,
+    f: JoinFn,
+    uid: &str,
+) -> DataStream<Row> {
+    left.key_by(move |r: &Row| K::of_columns(r, &lk))
+        .connect(right.key_by(move |r: &Row| K::of_columns(r, &rk)))
+        .process(f)
+        .uid(uid)
+        .name("join")
+}
+
+/// A key of one `INT` or `BIGINT` column, without a vector per record. It is hashed to key
+/// groups and serialized into state exactly as the one-value `Vec<Value>` it stands for, so
+/// checkpoints and savepoints read the same either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct IntKey(Option<i64>);
+
+impl IntKey {
+    /// The key of column `i` of `row`, an integer column.
+    fn at(row: &Row, i: usize) -> Self {
+        match row.values[i] {
+            Value::Int(x) => IntKey(Some(x)),
+            ref v => {
+                debug_assert!(v.is_null(), "an integer key column holds {v:?}");
+                IntKey(None)
+            }
+        }
+    }
+
+    fn value(self) -> Value {
+        self.0.map_or(Value::Null, Value::Int)
+    }
+}
+
+impl GroupKey for IntKey {
+    fn of(row: &Row, _k: usize) -> Self {
+        IntKey::at(row, 0)
+    }
+    fn of_columns(row: &Row, cols: &[usize]) -> Self {
+        IntKey::at(row, cols[0])
+    }
+    fn len(&self) -> usize {
+        1
+    }
+    fn write(&self, out: &mut Vec<Value>) {
+        out.push(self.value());
+    }
+}
+
+impl StableKey for IntKey {
+    fn encode<E: KeyEncoder>(&self, out: &mut E) {
+        [self.value()].as_slice().encode(out);
+    }
+}
+
+impl Serialize for IntKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(std::iter::once(self.value()))
+    }
+}
+
+impl<'de> Deserialize<'de> for IntKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        match Vec::<Value>::deserialize(d)?.as_slice() {
+            [Value::Int(x)] => Ok(IntKey(Some(*x))),
+            [Value::Null] => Ok(IntKey(None)),
+            other => Err(serde::de::Error::custom(format!(
+                "an integer key holds {other:?}"
+            ))),
+        }
+    }
+}
+
 impl AggregateFunction<Row, Vec<Value>> for SqlAggregate {
     type Acc = Vec<Acc>;
 
@@ -973,11 +1092,11 @@ impl JoinFn {
         }
     }
 
-    fn on_row(
+    fn on_row<K: crate::state::Key>(
         &self,
         side: usize,
         row: Row,
-        ctx: &mut KeyedContext<Vec<Value>>,
+        ctx: &mut KeyedContext<K>,
         out: &mut Collector<Row>,
     ) -> TaskResult {
         let Some(rows) = &self.rows else {
@@ -1067,8 +1186,8 @@ impl JoinFn {
     }
 }
 
-impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
-    fn open(&mut self, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
+impl<K: GroupKey> KeyedCoProcessFunction<K, Row, Row, Row> for JoinFn {
+    fn open(&mut self, ctx: &mut KeyedContext<K>) -> TaskResult {
         let ttl = self.ttl;
         let mut state = |name: &str| match ttl {
             Some(t) => ctx.map_state_with_ttl(name, StateTtlConfig::new(t)),
@@ -1089,7 +1208,7 @@ impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
     fn process1(
         &mut self,
         row: Row,
-        ctx: &mut KeyedContext<Vec<Value>>,
+        ctx: &mut KeyedContext<K>,
         out: &mut Collector<Row>,
     ) -> TaskResult {
         self.on_row(0, row, ctx, out)
@@ -1098,7 +1217,7 @@ impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
     fn process2(
         &mut self,
         row: Row,
-        ctx: &mut KeyedContext<Vec<Value>>,
+        ctx: &mut KeyedContext<K>,
         out: &mut Collector<Row>,
     ) -> TaskResult {
         self.on_row(1, row, ctx, out)
@@ -1108,7 +1227,7 @@ impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
         &mut self,
         time: i64,
         _domain: TimeDomain,
-        ctx: &mut KeyedContext<Vec<Value>>,
+        ctx: &mut KeyedContext<K>,
         _out: &mut Collector<Row>,
     ) -> TaskResult {
         let Some(rows) = &self.rows else {
@@ -1147,8 +1266,8 @@ impl KeyedCoProcessFunction<Vec<Value>, Row, Row, Row> for JoinFn {
 }
 
 /// The value state `name`, expiring after `ttl` (`table.exec.state.ttl`) if there is one.
-pub(super) fn value_state<T: crate::state::StateValue>(
-    ctx: &mut KeyedContext<Vec<Value>>,
+pub(super) fn value_state<K: crate::state::Key, T: crate::state::StateValue>(
+    ctx: &mut KeyedContext<K>,
     name: &str,
     ttl: Option<Duration>,
 ) -> TaskResult<ValueState<T>> {
@@ -1160,7 +1279,10 @@ pub(super) fn value_state<T: crate::state::StateValue>(
 
 /// Registers the timer that drops the current key's state once the watermark has passed the
 /// window that ends at `end` (a [`Time::WindowEnd`] value): no row of that window comes after.
-pub(super) fn expire_with_window(end: &Value, ctx: &mut KeyedContext<Vec<Value>>) -> TaskResult {
+pub(super) fn expire_with_window<K: crate::state::Key>(
+    end: &Value,
+    ctx: &mut KeyedContext<K>,
+) -> TaskResult {
     match end.as_i64() {
         Some(end) => ctx.register_event_time_timer(end - 1),
         None => Ok(()),
@@ -1324,6 +1446,27 @@ mod tests {
             .filter(|n| n.name == "window aggregate")
             .count();
         assert_eq!(windows, 1, "{plan}");
+    }
+
+    /// An integer key is the one-value `Vec<Value>` key in every way state sees it: the same
+    /// key group and the same bytes, so a checkpoint of either plan restores into the other.
+    #[test]
+    fn an_integer_key_hashes_and_serializes_as_the_vector_it_stands_for() {
+        use crate::state::keygroup::stable_hash;
+        for key in [Some(0), Some(-5), Some(7_919), Some(i64::MAX), None] {
+            let int = IntKey(key);
+            let vector = vec![int.value()];
+            assert_eq!(stable_hash(&int), stable_hash(&vector), "{key:?}");
+            let bytes = postcard::to_stdvec(&int).unwrap();
+            assert_eq!(bytes, postcard::to_stdvec(&vector).unwrap(), "{key:?}");
+            assert_eq!(postcard::from_bytes::<IntKey>(&bytes).unwrap(), int);
+            let row = Row::insert(vec![int.value(), Value::Ts(1)]);
+            assert_eq!(IntKey::of(&row, 1), int);
+        }
+        let two = postcard::to_stdvec(&vec![Value::Int(1), Value::Int(2)]).unwrap();
+        assert!(postcard::from_bytes::<IntKey>(&two).is_err());
+        let text = postcard::to_stdvec(&vec![Value::Str("1".into())]).unwrap();
+        assert!(postcard::from_bytes::<IntKey>(&text).is_err());
     }
 
     /// A table read twice under different aliases plans two reads (their columns are named
