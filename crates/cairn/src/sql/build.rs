@@ -1448,6 +1448,30 @@ mod tests {
         assert_eq!(windows, 1, "{plan}");
     }
 
+    /// q3 reads four columns of a person and one of an auction after the join: each side of
+    /// the join is narrowed to what the output, the keys and the condition read, down to the
+    /// fields its source reads, so the join's state holds nothing else.
+    #[test]
+    fn a_join_keeps_only_the_columns_read_after_it() {
+        let q3 = include_str!("../../../../sql/nexmark/q3.sql");
+        let plan = explain(&format!("{DDL}\n{q3}")).unwrap();
+        assert_eq!(
+            lines_with(&plan, "calc: [id, seller] where").len(),
+            1,
+            "{plan}"
+        );
+        assert_eq!(
+            lines_with(&plan, "calc: [id, name, city, state] where").len(),
+            1,
+            "{plan}"
+        );
+        assert_eq!(
+            lines_with(&plan, "only auctions, 4 fields read").len(),
+            1,
+            "{plan}"
+        );
+    }
+
     /// An integer key is the one-value `Vec<Value>` key in every way state sees it: the same
     /// key group and the same bytes, so a checkpoint of either plan restores into the other.
     #[test]

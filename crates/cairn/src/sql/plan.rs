@@ -2195,6 +2195,7 @@ pub(super) fn calc(
             return calc((**inner).clone(), filter, project, columns);
         }
     }
+    let (input, filter, project) = prune_join(input, filter, project);
     Rel {
         node: Node::Calc {
             input: Box::new(input),
@@ -2204,6 +2205,105 @@ pub(super) fn calc(
         columns,
         updating,
     }
+}
+
+/// A calc (`filter`, `project`) over a join whose columns it does not all read: each side of
+/// the join is narrowed to the columns the calc, the keys, the join's condition and its time
+/// bounds read (a calc over each side, which fuses into the side's own), so the join's state
+/// holds no column nobody reads, as Flink's project-join transposition does. Returns the join
+/// and the calc over its new columns.
+fn prune_join(
+    input: Rel,
+    filter: Option<Expr>,
+    project: Vec<Expr>,
+) -> (Rel, Option<Expr>, Vec<Expr>) {
+    let Node::Join {
+        left,
+        right,
+        keys,
+        kind,
+        condition,
+        bounds,
+    } = input.node
+    else {
+        return (input, filter, project);
+    };
+    let split = left.columns.len();
+    let mut read = vec![false; input.columns.len()];
+    let exprs = filter.iter().chain(&project).chain(&condition);
+    for c in exprs.flat_map(Expr::columns) {
+        read[c] = true;
+    }
+    for &(l, r) in &keys {
+        read[l] = true;
+        read[split + r] = true;
+    }
+    if let Some(b) = &bounds {
+        read[b.left] = true;
+        read[split + b.right] = true;
+    }
+    let rebuild = |left: Box<Rel>, right: Box<Rel>, keys, condition, bounds, columns| Rel {
+        node: Node::Join {
+            left,
+            right,
+            keys,
+            kind,
+            condition,
+            bounds,
+        },
+        columns,
+        updating: input.updating,
+    };
+    if read.iter().all(|&r| r) {
+        let join = rebuild(left, right, keys, condition, bounds, input.columns);
+        return (join, filter, project);
+    }
+    let kept: Vec<usize> = (0..read.len()).filter(|&i| read[i]).collect();
+    // Old column → its expression over the new columns.
+    let mut moved = vec![Expr::Lit(Value::Null); read.len()];
+    for (new, &old) in kept.iter().enumerate() {
+        moved[old] = Expr::Col(new);
+    }
+    let position = |old: usize| kept.iter().position(|&k| k == old).expect("a kept column");
+    let new_split = kept.iter().filter(|&&i| i < split).count();
+    let narrow = |side: Rel, from: usize, to: usize| {
+        let cols: Vec<usize> = kept
+            .iter()
+            .filter(|&&i| (from..to).contains(&i))
+            .map(|&i| i - from)
+            .collect();
+        let columns = cols.iter().map(|&i| side.columns[i].clone()).collect();
+        calc(
+            side,
+            None,
+            cols.into_iter().map(Expr::Col).collect(),
+            columns,
+        )
+    };
+    let width = read.len();
+    let (left, right) = (narrow(*left, 0, split), narrow(*right, split, width));
+    let keys = keys
+        .iter()
+        .map(|&(l, r)| (position(l), position(split + r) - new_split))
+        .collect();
+    let bounds = bounds.map(|b| TimeBounds {
+        left: position(b.left),
+        right: position(split + b.right) - new_split,
+        ..b
+    });
+    let condition = condition.map(|c| c.substitute(&moved));
+    let columns = kept.iter().map(|&i| input.columns[i].clone()).collect();
+    let join = rebuild(
+        Box::new(left),
+        Box::new(right),
+        keys,
+        condition,
+        bounds,
+        columns,
+    );
+    let filter = filter.map(|f| f.substitute(&moved));
+    let project = project.iter().map(|e| e.substitute(&moved)).collect();
+    (join, filter, project)
 }
 
 /// The group key that is a window's end, if a `GROUP BY` of `input` (its first `keys`
