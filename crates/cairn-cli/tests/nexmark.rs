@@ -648,30 +648,46 @@ fn q4_averages_the_closed_auctions_of_each_category_at_parallelism_1_2_3() {
     matches_the_reference_at_every_parallelism("q4");
 }
 
-/// Runs `query` with 3 injected failures and 50 ms checkpoints into `out`, and checks that
+/// The most runs of [`run_with_three_injected_failures`] before it gives up on a failure
+/// landing after a completed checkpoint.
+const INJECTED_RUNS_MAX: usize = 4;
+
+/// Runs `query` with 3 injected failures and 20 ms checkpoints into `out`, and checks that
 /// every failure was recovered, at least one from a checkpoint, and nothing was left behind.
+/// The failures fire at source progress, so on a fast or a loaded machine all three may come
+/// before the first checkpoint completes: such a run is done again from nothing (same seed,
+/// same events, empty output and checkpoint directories), up to [`INJECTED_RUNS_MAX`] times.
 fn run_with_three_injected_failures(query: &str, p: u32, seed: u64, out: &Path) {
     let ck = out.with_file_name("ck");
-    let run = run_ok(
-        nexmark(query, TIMED_EVENTS, seed, p, out)
-            .arg("--checkpoint-dir")
-            .arg(&ck)
-            .args(["--checkpoint-interval", "50ms"])
-            .args(["--inject-failures", "3"])
-            .args(RESTART_FAST),
-    );
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        stderr.contains(", 3 restarts, 3/3 injected failures"),
-        "{query}: {stderr}"
-    );
-    assert!(
-        stderr
+    for attempt in 1..=INJECTED_RUNS_MAX {
+        let _ = std::fs::remove_dir_all(out);
+        let _ = std::fs::remove_dir_all(&ck);
+        let run = run_ok(
+            nexmark(query, TIMED_EVENTS, seed, p, out)
+                .arg("--checkpoint-dir")
+                .arg(&ck)
+                .args(["--checkpoint-interval", "20ms"])
+                .args(["--inject-failures", "3"])
+                .args(RESTART_FAST),
+        );
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            stderr.contains(", 3 restarts, 3/3 injected failures"),
+            "{query}: {stderr}"
+        );
+        let from_checkpoint = stderr
             .lines()
-            .any(|l| l.contains("restoring regions") && l.contains(" from checkpoint ")),
-        "{query}: no failure restored from a checkpoint: they all came before the first one\n{stderr}"
-    );
-    assert_no_leftovers(out);
+            .any(|l| l.contains("restoring regions") && l.contains(" from checkpoint "));
+        if !from_checkpoint {
+            assert!(
+                attempt < INJECTED_RUNS_MAX,
+                "{query}: in {attempt} runs no failure restored from a checkpoint: they all came before the first one\n{stderr}"
+            );
+            continue;
+        }
+        assert_no_leftovers(out);
+        return;
+    }
 }
 
 #[test]
