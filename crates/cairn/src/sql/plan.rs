@@ -2217,6 +2217,35 @@ fn prune_join(
     filter: Option<Expr>,
     project: Vec<Expr>,
 ) -> (Rel, Option<Expr>, Vec<Expr>) {
+    let read = match &input.node {
+        Node::Join {
+            left,
+            keys,
+            condition,
+            bounds,
+            ..
+        } => {
+            let split = left.columns.len();
+            let mut read = vec![false; input.columns.len()];
+            let exprs = filter.iter().chain(&project).chain(condition);
+            for c in exprs.flat_map(Expr::columns) {
+                read[c] = true;
+            }
+            for &(l, r) in keys {
+                read[l] = true;
+                read[split + r] = true;
+            }
+            if let Some(b) = bounds {
+                read[b.left] = true;
+                read[split + b.right] = true;
+            }
+            read
+        }
+        _ => return (input, filter, project),
+    };
+    if read.iter().all(|&r| r) {
+        return (input, filter, project);
+    }
     let Node::Join {
         left,
         right,
@@ -2226,45 +2255,22 @@ fn prune_join(
         bounds,
     } = input.node
     else {
-        return (input, filter, project);
+        unreachable!("a join, matched above")
     };
     let split = left.columns.len();
-    let mut read = vec![false; input.columns.len()];
-    let exprs = filter.iter().chain(&project).chain(&condition);
-    for c in exprs.flat_map(Expr::columns) {
-        read[c] = true;
-    }
-    for &(l, r) in &keys {
-        read[l] = true;
-        read[split + r] = true;
-    }
-    if let Some(b) = &bounds {
-        read[b.left] = true;
-        read[split + b.right] = true;
-    }
-    let rebuild = |left: Box<Rel>, right: Box<Rel>, keys, condition, bounds, columns| Rel {
-        node: Node::Join {
-            left,
-            right,
-            keys,
-            kind,
-            condition,
-            bounds,
-        },
-        columns,
-        updating: input.updating,
-    };
-    if read.iter().all(|&r| r) {
-        let join = rebuild(left, right, keys, condition, bounds, input.columns);
-        return (join, filter, project);
-    }
     let kept: Vec<usize> = (0..read.len()).filter(|&i| read[i]).collect();
-    // Old column → its expression over the new columns.
-    let mut moved = vec![Expr::Lit(Value::Null); read.len()];
+    // Old column → its index among the new columns (kept ones only).
+    let mut index = vec![usize::MAX; read.len()];
     for (new, &old) in kept.iter().enumerate() {
-        moved[old] = Expr::Col(new);
+        index[old] = new;
     }
-    let position = |old: usize| kept.iter().position(|&k| k == old).expect("a kept column");
+    let moved: Vec<Expr> = index
+        .iter()
+        .map(|&i| match i {
+            usize::MAX => Expr::Lit(Value::Null),
+            i => Expr::Col(i),
+        })
+        .collect();
     let new_split = kept.iter().filter(|&&i| i < split).count();
     let narrow = |side: Rel, from: usize, to: usize| {
         let cols: Vec<usize> = kept
@@ -2281,26 +2287,25 @@ fn prune_join(
         )
     };
     let width = read.len();
-    let (left, right) = (narrow(*left, 0, split), narrow(*right, split, width));
-    let keys = keys
-        .iter()
-        .map(|&(l, r)| (position(l), position(split + r) - new_split))
-        .collect();
-    let bounds = bounds.map(|b| TimeBounds {
-        left: position(b.left),
-        right: position(split + b.right) - new_split,
-        ..b
-    });
-    let condition = condition.map(|c| c.substitute(&moved));
-    let columns = kept.iter().map(|&i| input.columns[i].clone()).collect();
-    let join = rebuild(
-        Box::new(left),
-        Box::new(right),
-        keys,
-        condition,
-        bounds,
-        columns,
-    );
+    let join = Rel {
+        node: Node::Join {
+            left: Box::new(narrow(*left, 0, split)),
+            right: Box::new(narrow(*right, split, width)),
+            keys: keys
+                .iter()
+                .map(|&(l, r)| (index[l], index[split + r] - new_split))
+                .collect(),
+            kind,
+            condition: condition.map(|c| c.substitute(&moved)),
+            bounds: bounds.map(|b| TimeBounds {
+                left: index[b.left],
+                right: index[split + b.right] - new_split,
+                ..b
+            }),
+        },
+        columns: kept.iter().map(|&i| input.columns[i].clone()).collect(),
+        updating: input.updating,
+    };
     let filter = filter.map(|f| f.substitute(&moved));
     let project = project.iter().map(|e| e.substitute(&moved)).collect();
     (join, filter, project)
