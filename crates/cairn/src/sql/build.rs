@@ -468,9 +468,7 @@ impl Builder<'_> {
                 let agg = SqlAggregate {
                     aggs: Arc::new(aggs.clone()),
                 };
-                let one_int =
-                    k == 1 && matches!(input.columns[0].ty, SqlType::Int | SqlType::BigInt);
-                let out = if one_int {
+                let out = if k == 1 && integer(&input.columns[0]) {
                     window_aggregate::<IntKey>(stream, k, assigner, agg, &uid)
                 } else {
                     window_aggregate::<Vec<Value>>(stream, k, assigner, agg, &uid)
@@ -543,12 +541,9 @@ impl Builder<'_> {
                     rows: None,
                     matched: [None, None],
                 };
-                let ints = |cols: &[plan::Column], k: &[usize]| {
-                    k.iter()
-                        .all(|&i| matches!(cols[i].ty, SqlType::Int | SqlType::BigInt))
-                };
-                let one_int =
-                    lk.len() == 1 && ints(&left.columns, &lk) && ints(&right.columns, &rk);
+                let one_int = lk.len() == 1
+                    && integer(&left.columns[lk[0]])
+                    && integer(&right.columns[rk[0]]);
                 let stream = if one_int {
                     join::<IntKey>(l.stream, r.stream, lk, rk, f, &uid)
                 } else {
@@ -902,6 +897,11 @@ impl GroupKey for Vec<Value> {
     fn write(&self, out: &mut Vec<Value>) {
         out.extend(self.iter().cloned());
     }
+}
+
+/// Whether `c` is an `INT` or `BIGINT` column, whose values an [`IntKey`] holds.
+fn integer(c: &plan::Column) -> bool {
+    matches!(c.ty, SqlType::Int | SqlType::BigInt)
 }
 
 /// The join of `left` and `right` on the columns `lk` of the one equal to the columns `rk`
