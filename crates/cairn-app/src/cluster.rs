@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cairn::cluster::coordinator::{Coordinator, CoordinatorOptions};
+use cairn::cluster::leader::{Candidate, Leadership};
 use cairn::cluster::worker::{run_worker, WorkerOptions};
 use cairn::cluster::{InjectRequest, JobSubmission};
 use cairn::config::{parse_duration, JobConfig};
@@ -47,11 +48,17 @@ pub struct CoordinatorArgs {
     /// How many ended jobs are kept and listed, with their state and cause (Flink's jobstore.max-capacity); older ones are forgotten, their records stay in --checkpoint-dir.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     jobstore_max_capacity: usize,
+    /// The leader's lease: coordinators sharing --checkpoint-dir elect one leader; the others
+    /// stand by and take over once the leader has not renewed its lease for this long. Must
+    /// exceed --heartbeat-timeout.
+    #[arg(long, default_value = "3s")]
+    leader_lease: String,
 }
 
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
-    /// Coordinator address: HOST:PORT, or PORT on 127.0.0.1.
+    /// Coordinator address: HOST:PORT, or PORT on 127.0.0.1; several, comma-separated, for a
+    /// leader and its standbys (the worker registers with whichever leads).
     #[arg(long, default_value = "127.0.0.1:6123")]
     coordinator: String,
     /// Task slots (one subtask of every operator per slot).
@@ -209,6 +216,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
             args.checkpoint_dir.display()
         )
     })?;
+    let leadership = lead(&args, &checkpoint_dir, heartbeat_timeout)?;
     let coordinator = Coordinator::start(CoordinatorOptions {
         bind: host_port(&args.bind),
         checkpoint_dir,
@@ -217,8 +225,26 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
         heartbeat_timeout,
         slot_wait,
         history: args.jobstore_max_capacity,
+        leadership: Some(leadership.clone()),
     })
     .map_err(|e| anyhow!(e))?;
+    {
+        let coordinator = coordinator.clone();
+        let epoch = leadership.epoch();
+        leadership
+            .keep(move |why| {
+                // Nothing it writes counts any more: its jobs are the new leader's to resume.
+                let suspended = coordinator.suspend(&format!(
+                    "this coordinator lost leadership ({why}); the leader resumes the job"
+                ));
+                tracing::error!("lost leadership of epoch {epoch}: {why}");
+                eprintln!(
+                    "coordinator lost leadership of epoch {epoch}: {why}; {suspended} job(s) suspended here; exiting"
+                );
+                std::process::exit(1);
+            })
+            .map_err(|e| anyhow!(e))?;
+    }
     let registry = JobRegistry::new();
     let forget = registry.clone();
     coordinator.on_forget(move |jid| forget.remove(jid));
@@ -244,6 +270,8 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
     let suspended = coordinator.suspend(&format!(
         "the coordinator stopped on {signal}; a coordinator started on the same --checkpoint-dir resumes the job"
     ));
+    // A standby takes over at once.
+    leadership.release();
     eprintln!(
         "coordinator stopped on {signal}: {suspended} job(s) suspended; `cairn coordinator --checkpoint-dir {}` resumes them",
         args.checkpoint_dir.display()
@@ -251,12 +279,56 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
     Ok(())
 }
 
+/// Waits until this coordinator leads the coordinators sharing `checkpoint_dir`, saying who
+/// leads meanwhile.
+fn lead(
+    args: &CoordinatorArgs,
+    checkpoint_dir: &std::path::Path,
+    heartbeat_timeout: Duration,
+) -> Result<Arc<Leadership>> {
+    let lease = duration("--leader-lease", &args.leader_lease)?;
+    if lease <= heartbeat_timeout {
+        bail!(
+            "--leader-lease {} must exceed --heartbeat-timeout {}: a standby takes over only after the workers have let a paused leader go",
+            args.leader_lease,
+            args.heartbeat_timeout
+        );
+    }
+    let candidate = Candidate {
+        checkpoint_dir: checkpoint_dir.to_path_buf(),
+        bind: host_port(&args.bind),
+        rest: host_port(&args.rest),
+        lease,
+        same_host_takeover: true,
+    };
+    let leadership = Leadership::acquire(&candidate, |claim| {
+        eprintln!(
+            "standing by: the coordinator at {} (pid {}) leads as epoch {}; taking over when its lease of {} ms lapses",
+            claim.bind, claim.pid, claim.epoch, claim.lease_ms
+        );
+    })
+    .map_err(|e| anyhow!(e))?;
+    eprintln!(
+        "leading the coordinators on {} as epoch {}",
+        checkpoint_dir.display(),
+        leadership.epoch()
+    );
+    Ok(leadership)
+}
+
 pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
     if args.slots == 0 {
         bail!("--slots must be at least 1");
     }
     let heartbeat_interval = duration("--heartbeat-interval", &args.heartbeat_interval)?;
-    socket_addr("--coordinator", &args.coordinator)?;
+    let coordinators: Vec<String> = args
+        .coordinator
+        .split(',')
+        .map(|a| {
+            socket_addr("--coordinator", a)?;
+            Ok(host_port(a))
+        })
+        .collect::<Result<_>>()?;
     let _metrics = match &args.metrics {
         Some(addr) => {
             let server = cairn_rest::serve_metrics(socket_addr("--metrics", addr)?)?;
@@ -266,7 +338,7 @@ pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
         None => None,
     };
     run_worker(WorkerOptions {
-        coordinator: host_port(&args.coordinator),
+        coordinators,
         slots: args.slots,
         secret: args.secret,
         data_bind: host_port(&args.data_bind),

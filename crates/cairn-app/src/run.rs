@@ -368,6 +368,7 @@ pub(crate) fn run(
         metrics: Some(metrics.clone()),
         status: Some(status.clone()),
         job_id: None,
+        fence: None,
     };
     let started = std::time::Instant::now();
     let summary = run_job(&graph, opts);

@@ -945,3 +945,244 @@ fn relative_paths_of_a_submission_are_the_clients() {
     );
     assert_exactly_once(&client.join("out"), &backpressure_expected(2000, 10));
 }
+
+/// A port that was free a moment ago (for a standby, whose ports the workers must know before
+/// it listens).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One of a leader and its standbys: its fixed ports, its own log, its process.
+struct Member {
+    proc: Option<Proc>,
+    bind: u16,
+    rest: u16,
+    log: std::path::PathBuf,
+}
+
+/// Lease and heartbeat flags of the standby tests: workers let a silent leader go after
+/// 500 ms, a standby takes over a lease unrenewed for 1 s.
+const HA_FLAGS: [&str; 4] = ["--heartbeat-timeout", "500ms", "--leader-lease", "1s"];
+
+impl Member {
+    fn new(dir: &Path, name: &str) -> Member {
+        Member {
+            proc: None,
+            bind: free_port(),
+            rest: free_port(),
+            log: dir.join(format!("{name}.log")),
+        }
+    }
+
+    /// Starts it on its ports; it leads or stands by.
+    fn start(&mut self, ck: &Path) {
+        let mut args: Vec<String> = vec![
+            "coordinator".into(),
+            "--bind".into(),
+            format!("127.0.0.1:{}", self.bind),
+            "--rest".into(),
+            format!("127.0.0.1:{}", self.rest),
+            "--checkpoint-dir".into(),
+            ck.display().to_string(),
+        ];
+        args.extend(HA_FLAGS.iter().map(|s| s.to_string()));
+        self.proc = Some(spawn(&args, &self.log, &[]));
+    }
+
+    fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("started").0.id()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until it leads as `epoch` (says so and answers on its REST port).
+    fn wait_until_leading(&self, epoch: u64, deadline: Duration) {
+        let line = format!(" as epoch {epoch}");
+        wait_for("a coordinator to lead", &self.log, deadline, || {
+            let text = self.log_text();
+            let leads = text
+                .lines()
+                .any(|l| l.starts_with("leading the coordinators on") && l.ends_with(&line));
+            (leads && http_get(self.rest, "/jobs").is_some()).then_some(())
+        });
+    }
+}
+
+/// The workers' `--coordinator` list: every member.
+fn members_list(members: &[&Member]) -> String {
+    members
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.bind))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Waits until `rest` runs job `jid` and has completed a checkpoint after `after`; returns
+/// its id.
+fn wait_for_a_checkpoint_after(rest: u16, jid: &str, after: u64, log: &Path) -> u64 {
+    wait_for(
+        "the leader to complete a checkpoint",
+        log,
+        Duration::from_secs(60),
+        || {
+            let (_, latest) = checkpoints(rest, jid)?;
+            (assert_job_not_failed(rest, jid, log)? == "RUNNING" && latest > after)
+                .then_some(latest)
+        },
+    )
+}
+
+/// Two coordinators share a checkpoint directory: one leads, one stands by. The leader is
+/// SIGKILLed mid-job three times (each time after a checkpoint of its own); the standby
+/// takes over, the workers find it through their list of coordinators, the job resumes from
+/// the latest checkpoint, and the killed coordinator is started again as the next standby.
+/// The job ends FINISHED with exactly-once output.
+#[test]
+fn a_standby_takes_over_from_a_leader_sigkilled_mid_job_again_and_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let mut members = [Member::new(tmp.path(), "a"), Member::new(tmp.path(), "b")];
+    members[0].start(&ck);
+    members[0].wait_until_leading(1, Duration::from_secs(20));
+    members[1].start(&ck);
+    wait_for(
+        "the second to stand by",
+        &members[1].log,
+        Duration::from_secs(20),
+        || {
+            members[1]
+                .log_text()
+                .contains("standing by: ")
+                .then_some(())
+        },
+    );
+    let list = members_list(&[&members[0], &members[1]]);
+    let wlog = tmp.path().join("workers.log");
+    let worker = |log: &Path| {
+        spawn(
+            &["worker".into(), "--coordinator".into(), list.clone()],
+            log,
+            &[],
+        )
+    };
+    let _workers = [worker(&wlog), worker(&wlog)];
+    let records = 1_500_000u64;
+    let out_dir = tmp.path().join("out");
+    let args = job_args(records, &out_dir);
+    let argv: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut leader = 0;
+    let jid = submit(members[leader].rest, &argv);
+    let mut latest = 0;
+    for round in 0..3 {
+        latest =
+            wait_for_a_checkpoint_after(members[leader].rest, &jid, latest, &members[leader].log);
+        // SIGKILL, reaped: the standby sees a process of this host that no longer exists.
+        drop(members[leader].proc.take());
+        let killed = Instant::now();
+        let standby = 1 - leader;
+        members[standby].wait_until_leading(round + 2, Duration::from_secs(20));
+        wait_for(
+            "the job to run on the new leader",
+            &members[standby].log,
+            Duration::from_secs(60),
+            || {
+                (assert_job_not_failed(members[standby].rest, &jid, &members[standby].log)?
+                    == "RUNNING")
+                    .then_some(())
+            },
+        );
+        eprintln!(
+            "round {round}: the job ran again {:?} after the leader was killed",
+            killed.elapsed()
+        );
+        members[leader].start(&ck);
+        leader = standby;
+    }
+    wait_for(
+        "the job to finish",
+        &members[leader].log,
+        Duration::from_secs(120),
+        || {
+            (assert_job_not_failed(members[leader].rest, &jid, &members[leader].log)? == "FINISHED")
+                .then_some(())
+        },
+    );
+    let text = members[leader].log_text();
+    assert!(
+        text.contains("as epoch 4"),
+        "three takeovers after epoch 1: {text}"
+    );
+    assert_exactly_once(&out_dir, &backpressure_expected(records, 500));
+    assert_no_leftovers(&out_dir);
+}
+
+/// The leader is paused (SIGSTOP) past its lease: the workers let it go, the standby takes
+/// over once the lease lapsed and resumes the job. Resumed (SIGCONT), the deposed leader
+/// refuses its own writes, says it lost leadership and exits 1; nothing it did counts — the
+/// job ends FINISHED on the new leader with exactly-once output.
+#[test]
+fn a_leader_paused_past_its_lease_is_fenced_when_it_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let mut a = Member::new(tmp.path(), "a");
+    let mut b = Member::new(tmp.path(), "b");
+    a.start(&ck);
+    a.wait_until_leading(1, Duration::from_secs(20));
+    b.start(&ck);
+    let list = members_list(&[&a, &b]);
+    let wlog = tmp.path().join("workers.log");
+    let worker = |log: &Path| {
+        spawn(
+            &["worker".into(), "--coordinator".into(), list.clone()],
+            log,
+            &[],
+        )
+    };
+    let _workers = [worker(&wlog), worker(&wlog)];
+    let records = 1_200_000u64;
+    let out_dir = tmp.path().join("out");
+    let args = job_args(records, &out_dir);
+    let argv: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let jid = submit(a.rest, &argv);
+    let paused_after = wait_for_a_checkpoint_after(a.rest, &jid, 0, &a.log);
+    let signal = |sig: &str, pid: u32| {
+        run_ok(Command::new("kill").args([sig, &pid.to_string()]));
+    };
+    signal("-STOP", a.pid());
+    let paused = Instant::now();
+    b.wait_until_leading(2, Duration::from_secs(20));
+    assert!(
+        paused.elapsed() >= Duration::from_secs(1),
+        "the standby took over a paused leader before its lease lapsed"
+    );
+    let resumed_at = wait_for_a_checkpoint_after(b.rest, &jid, paused_after, &b.log);
+    signal("-CONT", a.pid());
+    let mut proc = a.proc.take().unwrap();
+    let status = wait_for(
+        "the deposed leader to exit",
+        &a.log,
+        Duration::from_secs(20),
+        || proc.0.try_wait().unwrap(),
+    );
+    assert_eq!(status.code(), Some(1), "{}", a.log_text());
+    let text = a.log_text();
+    assert!(
+        text.contains("lost leadership of epoch 1"),
+        "the deposed leader says why it stopped: {text}"
+    );
+    wait_for(
+        "the job to finish",
+        &b.log,
+        Duration::from_secs(120),
+        || (assert_job_not_failed(b.rest, &jid, &b.log)? == "FINISHED").then_some(()),
+    );
+    assert!(resumed_at > paused_after);
+    assert_exactly_once(&out_dir, &backpressure_expected(records, 500));
+    assert_no_leftovers(&out_dir);
+}

@@ -26,7 +26,9 @@ use crate::runtime::status::{Actor, JobState, JobStatus};
 use crate::runtime::task::JobEvent;
 use crate::runtime::{InjectSpec, JobError, RestoreFrom, RunOptions};
 use crate::storage::layout::checkpoint_dir;
-use crate::storage::FsStorage;
+use crate::storage::{Fence, FsStorage};
+
+use super::leader::Leadership;
 
 /// How to run a coordinator.
 #[derive(Clone)]
@@ -46,6 +48,10 @@ pub struct CoordinatorOptions {
     /// How many ended jobs it keeps (Flink's `jobstore.max-capacity`): listed, with their
     /// state and cause, until newer ones push them out.
     pub history: usize,
+    /// Its leadership among coordinators sharing the checkpoint directory (None: it is the
+    /// only one and leads unfenced). Everything it writes there — checkpoints, job records —
+    /// and every worker it accepts is fenced by it.
+    pub leadership: Option<Arc<Leadership>>,
 }
 
 type Writer = Arc<Mutex<TcpStream>>;
@@ -88,6 +94,21 @@ struct Inner {
 type ForgetHook = Box<dyn Fn(&str) + Send + Sync>;
 
 impl Inner {
+    /// Ok while this coordinator may change what the coordinators share (it leads).
+    fn fenced(&self) -> Result<(), String> {
+        match &self.opts.leadership {
+            Some(l) => l
+                .check()
+                .map_err(|why| format!("this coordinator is no longer the leader ({why})")),
+            None => Ok(()),
+        }
+    }
+
+    /// The leader epoch its records carry (0 without a leadership contest).
+    fn epoch(&self) -> u64 {
+        self.opts.leadership.as_ref().map_or(0, |l| l.epoch())
+    }
+
     /// The ids of the live workers.
     fn live_workers(&self) -> Vec<u32> {
         self.workers
@@ -289,6 +310,12 @@ impl Coordinator {
             restore,
             status: Some(status.clone()),
             job_id: Some(job_id.clone()),
+            fence: self
+                .inner
+                .opts
+                .leadership
+                .clone()
+                .map(|l| l as Arc<dyn Fence>),
             ..RunOptions::default()
         };
         // The checkpoint is found, loaded and verified, the sinks initialized — or the job is
@@ -298,8 +325,10 @@ impl Coordinator {
         let record = JobRecord {
             submission: submission.clone(),
             fingerprint: fingerprint.clone(),
+            epoch: self.inner.epoch(),
         };
         let job_dir = self.inner.opts.checkpoint_dir.join(&job_id);
+        self.inner.fenced()?;
         record.write(&job_dir)?;
         self.inner.add_job(&job_id, status.clone())?;
         let mut executor = ClusterExecutor {
@@ -463,14 +492,25 @@ impl Coordinator {
             if dir.join(LEGACY_FINISHED).exists() {
                 continue;
             }
+            let record = JobRecord::read(&dir);
             if dir.join(END_RECORD).exists() {
                 match EndRecord::read(&dir) {
-                    Ok(end) => ended.push((end.end_time, job_id, end)),
-                    Err(e) => error!("job {job_id} not resumed: {e}"),
+                    Ok(end) if record.as_ref().is_ok_and(|r| end.epoch < r.epoch) => warn!(
+                        "job {job_id}: the end recorded under leader epoch {} came from a deposed leader after epoch {} resumed the job; resuming it",
+                        end.epoch,
+                        record.as_ref().map_or(0, |r| r.epoch)
+                    ),
+                    Ok(end) => {
+                        ended.push((end.end_time, job_id, end));
+                        continue;
+                    }
+                    Err(e) => {
+                        error!("job {job_id} not resumed: {e}");
+                        continue;
+                    }
                 }
-                continue;
             }
-            let record = match JobRecord::read(&dir) {
+            let record = match record {
                 Ok(r) => r,
                 Err(e) => {
                     error!("job {job_id} not resumed: {e}");
@@ -532,10 +572,18 @@ impl Inner {
         // showed CANCELED or FAILED never resumes it.
         let dir = self.opts.checkpoint_dir.join(job_id);
         let id = job_id.to_string();
+        let leadership = self.opts.leadership.clone();
         status.on_end(move |view| {
-            let Some(end) = EndRecord::of_view(view) else {
+            let Some(mut end) = EndRecord::of_view(view) else {
                 return;
             };
+            if let Some(l) = &leadership {
+                end.epoch = l.epoch();
+                if let Err(why) = l.check() {
+                    error!("job {id} ended {} but this coordinator is no longer the leader ({why}): its end is not recorded; the leader resumes the job", end.state);
+                    return;
+                }
+            }
             if let Err(e) = end.write(&dir) {
                 error!("job {id} ended {} but its end could not be recorded ({e}); a restarted coordinator would resume it", end.state);
             }
@@ -696,6 +744,11 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
                         reason: "wrong cluster secret".into(),
                     },
                 );
+                return;
+            }
+            if let Err(why) = inner.fenced() {
+                // Closed without a refusal: the worker tries the next coordinator it knows.
+                warn!("worker at {peer} turned away: {why}");
                 return;
             }
             (slots, data_addr)

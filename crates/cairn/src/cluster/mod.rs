@@ -19,6 +19,7 @@
 
 pub mod coordinator;
 pub mod frame;
+pub mod leader;
 pub mod protocol;
 pub mod records;
 mod slots;

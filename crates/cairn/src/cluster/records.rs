@@ -21,6 +21,10 @@ pub struct JobRecord {
     pub submission: JobSubmission,
     /// The plan's fingerprint at submission.
     pub fingerprint: String,
+    /// The leader epoch of the coordinator that wrote it (0: a coordinator without a
+    /// leadership contest). A coordinator that resumes the job writes it again with its own.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl JobRecord {
@@ -63,6 +67,11 @@ pub struct EndRecord {
     /// Restarts it went through.
     #[serde(default)]
     pub restarts: u32,
+    /// The leader epoch of the coordinator that wrote it. An end written under an epoch
+    /// older than the job record's came from a deposed leader after a newer one resumed the
+    /// job, and does not count.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl EndRecord {
@@ -80,6 +89,7 @@ impl EndRecord {
             start_time: v.start_time,
             end_time: v.end_time.unwrap_or(v.start_time),
             restarts: v.restarts,
+            epoch: 0,
         })
     }
 
@@ -156,6 +166,7 @@ mod tests {
                 seed: 7,
             },
             fingerprint: "0123456789abcdef".into(),
+            epoch: 3,
         }
     }
 
@@ -167,7 +178,10 @@ mod tests {
         let back = JobRecord::read(&job_dir).unwrap();
         assert_eq!(back.submission.params["threshold"], 500);
         assert_eq!(back.submission.seed, 7);
-        assert_eq!(back.fingerprint, "0123456789abcdef");
+        assert_eq!(
+            (back.fingerprint.as_str(), back.epoch),
+            ("0123456789abcdef", 3)
+        );
         assert_eq!(back.submission.config, crate::config::JobConfig::default());
         // Nothing but the record is left: the temporary file was renamed over it.
         let names: Vec<String> = std::fs::read_dir(&job_dir)
@@ -188,6 +202,7 @@ mod tests {
             start_time: 1,
             end_time: 2,
             restarts: 0,
+            epoch: 2,
         };
         end.write(dir.path()).unwrap();
         assert_eq!(EndRecord::read(dir.path()).unwrap(), end);

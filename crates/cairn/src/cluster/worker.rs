@@ -38,8 +38,9 @@ use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
 /// How to run a worker.
 #[derive(Clone)]
 pub struct WorkerOptions {
-    /// Coordinator address (host:port).
-    pub coordinator: String,
+    /// Coordinator addresses (host:port): the leader and its standbys, tried in turn; each
+    /// is resolved anew at every attempt (a restarted coordinator may have a new address).
+    pub coordinators: Vec<String>,
     /// Task slots offered.
     pub slots: u32,
     /// Shared cluster secret.
@@ -63,7 +64,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// coordinator's heartbeat timeout is not known.
 const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
 /// The first pause before reconnecting to the coordinator; it doubles on every failure.
-const RECONNECT_PAUSE_MIN: Duration = Duration::from_millis(200);
+const RECONNECT_PAUSE_MIN: Duration = Duration::from_millis(50);
 /// The longest pause between attempts to reach an unreachable coordinator.
 const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(2);
 /// The longest pause when the address answers in another protocol (a misconfiguration that
@@ -1338,23 +1339,22 @@ pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
             })
             .map_err(|e| e.to_string())?;
     }
-    let coordinator_addr = opts
-        .coordinator
-        .to_socket_addrs()
-        .map_err(|e| format!("bad coordinator address '{}': {e}", opts.coordinator))?
-        .next()
-        .ok_or_else(|| format!("bad coordinator address '{}'", opts.coordinator))?;
+    if opts.coordinators.is_empty() {
+        return Err("no coordinator address".into());
+    }
     let mut backoff = Backoff::new();
     // What went wrong last time, logged once until something else happens.
     let mut last_problem: Option<String> = None;
+    // The coordinator to try next, and how many were tried since one answered.
+    let mut next = 0usize;
+    let mut tried = 0usize;
     loop {
-        let (problem, cap) = match TcpStream::connect_timeout(&coordinator_addr, CONNECT_TIMEOUT)
-        {
+        let address = &opts.coordinators[next % opts.coordinators.len()];
+        next += 1;
+        tried += 1;
+        let (problem, cap) = match connect(address) {
             Err(e) => (
-                format!(
-                    "cannot reach coordinator at {}: {e}; retrying",
-                    opts.coordinator
-                ),
+                format!("cannot reach coordinator at {address}: {e}; retrying"),
                 RECONNECT_PAUSE_MAX,
             ),
             Ok(stream) => match session(stream, &opts, &data_addr, &attempts) {
@@ -1362,15 +1362,15 @@ pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
                     return Err(format!("the coordinator rejected this worker: {reason}"))
                 }
                 SessionEnd::Lost(reason) => {
-                    warn!("lost the coordinator ({reason}); reconnecting");
+                    warn!("lost the coordinator at {address} ({reason}); reconnecting");
                     last_problem = None;
                     backoff = Backoff::new();
+                    tried = 0;
                     (String::new(), RECONNECT_PAUSE_MAX)
                 }
                 SessionEnd::Unregistered { http: true, .. } => (
                     format!(
-                        "coordinator at {} answered in HTTP: is this the REST port? workers connect to the coordinator's --bind port; retrying",
-                        opts.coordinator
+                        "coordinator at {address} answered in HTTP: is this the REST port? workers connect to the coordinator's --bind port; retrying"
                     ),
                     WRONG_PEER_PAUSE_MAX,
                 ),
@@ -1379,8 +1379,7 @@ pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
                     http: false,
                 } => (
                     format!(
-                        "cannot register with the coordinator at {}: {reason}; retrying",
-                        opts.coordinator
+                        "cannot register with the coordinator at {address}: {reason}; retrying"
                     ),
                     RECONNECT_PAUSE_MAX,
                 ),
@@ -1398,7 +1397,11 @@ pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
         // and forget the jobs (their end would never be told to this worker).
         attempts.cancel_all();
         attempts.forget_jobs();
-        std::thread::sleep(backoff.pause(cap));
+        // The other coordinators first (a standby may lead now); a pause once all were tried.
+        if tried >= opts.coordinators.len() {
+            tried = 0;
+            std::thread::sleep(backoff.pause(cap));
+        }
     }
 }
 

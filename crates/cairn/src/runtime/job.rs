@@ -28,7 +28,7 @@ use crate::checkpoint::{
     LoadedCheckpoint,
 };
 use crate::config::{CheckpointingMode, FailoverStrategy, JobConfig};
-use crate::storage::{CheckpointStorage, FsStorage, MemoryStorage};
+use crate::storage::{CheckpointStorage, FencedStorage, FsStorage, MemoryStorage};
 
 /// Where a run starts from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +86,9 @@ pub struct RunOptions {
     pub status: Option<Arc<JobStatus>>,
     /// The job id to use (a new random one if None; a restored checkpoint's when claimed).
     pub job_id: Option<String>,
+    /// Asked before every change the job master makes to the checkpoint storage (a
+    /// coordinator's leadership): once it refuses, no checkpoint completes or is deleted.
+    pub fence: Option<Arc<dyn crate::storage::Fence>>,
 }
 
 /// Progress of a running job.
@@ -241,7 +244,12 @@ pub fn prepare_job(graph: &JobGraph, opts: RunOptions) -> Result<PreparedJob, Jo
     let plan = plan(graph, config)?;
 
     // Checkpoint storage: the configured directory or S3 location, or coordinator memory.
-    let (dir_storage, fs_root) = open_checkpoint_storage(config)?;
+    let (mut dir_storage, fs_root) = open_checkpoint_storage(config)?;
+    if let Some(fence) = &opts.fence {
+        dir_storage = dir_storage.map(|inner| {
+            Arc::new(FencedStorage::new(inner, fence.clone())) as Arc<dyn CheckpointStorage>
+        });
+    }
     let storage: Arc<dyn CheckpointStorage> = match &dir_storage {
         Some(s) => s.clone(),
         None => Arc::new(MemoryStorage::new()),
@@ -491,9 +499,15 @@ impl PreparedJob {
             }
             if let (Some(dir), Some(r)) = (claimed_external.take(), &restored) {
                 info!("claiming {}: it is deleted once subsumed", r.location);
+                let fence = opts.fence.clone();
                 c.claim_external(
                     r.location.clone(),
                     Box::new(move || {
+                        if let Some(fence) = &fence {
+                            fence.check().map_err(|why| {
+                                format!("refused to delete {}: this coordinator is no longer the leader ({why})", dir.display())
+                            })?;
+                        }
                         std::fs::remove_dir_all(&dir)
                             .map_err(|e| format!("cannot delete {}: {e}", dir.display()))
                     }),

@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+mod fenced;
 pub mod format;
 mod fs;
 pub mod layout;
@@ -39,6 +40,7 @@ mod memory;
 mod s3;
 mod s3_url;
 
+pub use fenced::{Fence, FencedStorage};
 pub use fs::FsStorage;
 pub use memory::MemoryStorage;
 #[cfg(feature = "s3")]
@@ -103,6 +105,17 @@ pub enum StorageError {
         path: String,
         /// What is wrong with it.
         problem: String,
+    },
+    /// The writer is no longer the leader (see [`FencedStorage`]): nothing was changed, or
+    /// what was written does not count.
+    #[error("refused to {op} {path}: this coordinator is no longer the leader ({why})")]
+    Fenced {
+        /// What was refused.
+        op: &'static str,
+        /// Full location of the file or directory concerned.
+        path: String,
+        /// Why the writer no longer leads.
+        why: String,
     },
 }
 
