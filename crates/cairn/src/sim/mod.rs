@@ -5,8 +5,11 @@
 //! data, when control mail (trigger, complete, abort, end of input) arrives relative to data,
 //! whether a completion notification is lost, when uploads and `_metadata` writes finish, when
 //! time advances, and when a task fails or the whole process crashes (between pre-commit and
-//! commit, during an upload, during the `_metadata` write: at any step). The same seed replays
-//! the same run exactly.
+//! commit, during an upload, during the `_metadata` write: at any step), or when the leader
+//! pauses past its lease and a standby takes over (the new process leads the next epoch; the
+//! deposed one keeps its queued storage work — `_metadata` writes, deletions — and may run it
+//! at any later step, its checkpoint storage fenced by its epoch as `cluster::leader` fences
+//! the real one). The same seed replays the same run exactly.
 //!
 //! After each run the simulation checks the guarantee on what the sinks committed to the
 //! external system — the update-sequence property (design.md §3): for every key seen n times
@@ -233,6 +236,11 @@ mod tests {
     #[test]
     fn finds_an_aligned_channel_that_is_not_blocked() {
         finds(Planted::Handler(Flaw::NoBlock), &[Mode::Aligned], 2_000);
+    }
+
+    #[test]
+    fn finds_a_deposed_leader_whose_commit_is_accepted() {
+        finds(Planted::DeposedLeaderCommits, &Mode::ALL, 5_000);
     }
 
     #[test]

@@ -3,7 +3,44 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::storage::{CheckpointStorage, MemoryStorage, StorageError};
+use crate::storage::{CheckpointStorage, Fence, MemoryStorage, StorageError};
+
+/// The leadership of one simulated coordinator process (leader epoch `epoch`): deposed when
+/// a standby takes over, after which it fences the process's checkpoint storage.
+#[derive(Debug)]
+pub(crate) struct SimLeadership {
+    epoch: u64,
+    deposed: AtomicBool,
+}
+
+impl SimLeadership {
+    pub(crate) fn new(epoch: u64) -> SimLeadership {
+        SimLeadership {
+            epoch,
+            deposed: AtomicBool::new(false),
+        }
+    }
+
+    /// The epoch it leads.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// A standby claimed the next epoch.
+    pub(crate) fn depose(&self) {
+        self.deposed.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Fence for SimLeadership {
+    fn check(&self) -> Result<(), String> {
+        if self.deposed.load(Ordering::Relaxed) {
+            Err(format!("epoch {} was claimed", self.epoch + 1))
+        } else {
+            Ok(())
+        }
+    }
+}
 
 /// [`MemoryStorage`] whose next `_metadata` write, once armed, fails as if the process died
 /// during it: nothing is written, and [`FaultyStorage::crashed`] says so.

@@ -26,15 +26,15 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::storage::FaultyStorage;
+use super::storage::{FaultyStorage, SimLeadership};
 use crate::checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointSettings, TaskInfo, TaskMessage,
 };
 use crate::checkpoint::restore::read_metadata;
-use crate::checkpoint::StorageTask;
 use crate::checkpoint::{
     DeclineCause, OperatorStates, SavepointOutcome, SavepointRequest, TaskAck, TaskCheckpointStats,
 };
+use crate::checkpoint::{Finalized, StorageTask};
 use crate::config::RestartStrategyConfig;
 use crate::error::TaskError;
 use crate::runtime::channel::{Barrier, BarrierKind, Element};
@@ -50,7 +50,7 @@ use crate::runtime::SavepointKind;
 use crate::state::cow::{CowMap, Frozen};
 use crate::state::Timers;
 use crate::storage::layout::{checkpoint_dir, metadata_path, parse_checkpoint_dir, shared_dir};
-use crate::storage::{CheckpointStorage, MemoryStorage};
+use crate::storage::{CheckpointStorage, FencedStorage, MemoryStorage};
 
 /// Source subtasks.
 pub(crate) const SOURCES: usize = 2;
@@ -153,6 +153,9 @@ pub(crate) enum Planted {
     /// The job's status follows a restarting job master straight from RUNNING to RESTARTING,
     /// without FAILING (the lifecycle's transition table refuses it).
     LifecycleSkipsFailing,
+    /// A deposed leader's checkpoint storage is not fenced: the `_metadata` it writes after a
+    /// standby took over counts, and it tells its sinks to commit.
+    DeposedLeaderCommits,
 }
 
 /// Event time of the records: a record's time is its position in its source; windows are this
@@ -344,6 +347,11 @@ enum Choice {
     FailTask(usize),
     LoseWorker(u32),
     Crash,
+    /// The leader pauses past its lease and a standby takes over: a new process restores
+    /// from the latest checkpoint while the deposed one keeps its storage work.
+    LeaderChange,
+    /// The deposed leader resumes and runs its next storage task.
+    Deposed,
     /// A user asks for a savepoint.
     Savepoint(SavepointKind),
     /// The executor is ready for the outstanding deployment, which is performed.
@@ -411,6 +419,11 @@ pub(crate) struct World {
     deployment: Option<Deployment>,
     /// The checkpoint coordinator's storage work, queued for the storage thread.
     storage_tasks: VecDeque<StorageTask>,
+    /// The current process's leadership (its epoch fences its checkpoint storage).
+    leadership: Arc<SimLeadership>,
+    /// Storage work deposed leaders had queued when a standby took over: they may resume
+    /// and run it at any later step.
+    deposed: VecDeque<StorageTask>,
     finished: bool,
     /// The job's lifecycle as its status follows the job master, and the master state it
     /// last followed.
@@ -620,6 +633,8 @@ impl World {
             process_restarts: 0,
             deployment: None,
             storage_tasks: VecDeque::new(),
+            leadership: Arc::new(SimLeadership::new(0)),
+            deposed: VecDeque::new(),
             finished: false,
             lifecycle: Lifecycle::new(0),
             reported: JobState::Created,
@@ -679,9 +694,20 @@ impl World {
         self.storage_tasks.clear();
         self.initial = initial;
         let min_next = self.files.keys().map(|k| k.0).max().unwrap_or(0) + 1;
+        // Every process leads a new epoch; its writes are fenced by it.
+        self.leadership = Arc::new(SimLeadership::new(self.leadership_epoch() + 1));
+        let storage: Arc<dyn CheckpointStorage> =
+            if self.cfg.planted == Some(Planted::DeposedLeaderCommits) {
+                Arc::new(self.storage.clone())
+            } else {
+                Arc::new(FencedStorage::new(
+                    Arc::new(self.storage.clone()),
+                    self.leadership.clone(),
+                ))
+            };
         let coordinator = CheckpointCoordinator::new(
             self.settings.clone(),
-            Arc::new(self.storage.clone()),
+            storage,
             JOB.into(),
             "sim".into(),
             128,
@@ -716,6 +742,57 @@ impl World {
         }
         self.master.start();
         self.perform();
+    }
+
+    /// The epoch the current process leads.
+    fn leadership_epoch(&self) -> u64 {
+        self.leadership.epoch()
+    }
+
+    /// The leader pauses past its lease and a standby takes over: the old process is deposed
+    /// (its workers let it go, its tasks are gone) but keeps the storage work it had queued,
+    /// which it may run when it resumes; the new leader restores from the latest checkpoint.
+    fn leader_change(&mut self) {
+        self.leadership.depose();
+        let queued: Vec<StorageTask> = self.storage_tasks.drain(..).collect();
+        self.deposed.extend(queued);
+        self.new_process("leader changes");
+    }
+
+    /// A deposed leader resumes and runs a storage task it had queued. Fenced, a `_metadata`
+    /// write is refused; were it not, the deposed leader would tell its sinks to commit the
+    /// checkpoint, as the job master does on a completion.
+    fn deposed_store(&mut self) {
+        let Some(task) = self.deposed.pop_front() else {
+            return;
+        };
+        self.note(|| format!("deposed leader's storage: {task:?}"));
+        match task.run() {
+            // An intermediate savepoint's copy is the user's and commits nothing; a checkpoint
+            // (or a stop-with-savepoint) is complete once its `_metadata` is written.
+            Some(Finalized { id, result: Ok(()) })
+                if self
+                    .storage
+                    .exists(&metadata_path(JOB, id))
+                    .unwrap_or(false) =>
+            {
+                self.count("checkpoints a deposed leader completed");
+                let txns: Vec<(usize, Txn)> = self
+                    .prepared
+                    .keys()
+                    .filter(|(_, txn)| txn.0 == id)
+                    .copied()
+                    .collect();
+                for (sink, txn) in txns {
+                    self.commit_prepared(sink, txn);
+                }
+            }
+            Some(Finalized { result: Err(_), .. }) => {
+                self.count("completions refused to a deposed leader")
+            }
+            Some(_) => self.count("savepoints a deposed leader wrote"),
+            None => {}
+        }
     }
 
     /// The process died, or its job failed for good and is submitted again from the latest
@@ -1831,6 +1908,9 @@ impl World {
         if !self.storage_tasks.is_empty() {
             out.push(Choice::Storage);
         }
+        if !self.deposed.is_empty() {
+            out.push(Choice::Deposed);
+        }
     }
 
     /// A fault, if one is due: a task fails, a worker hosting some tasks is lost, or the
@@ -1842,9 +1922,10 @@ impl World {
             return None;
         }
         self.failure_budget -= 1;
-        Some(match self.rng.u32(0..3) {
+        Some(match self.rng.u32(0..4) {
             0 => Choice::Crash,
             1 => Choice::FailTask(self.rng.usize(0..TASKS)),
+            2 => Choice::LeaderChange,
             _ => Choice::LoseWorker(self.rng.u32(1..(1 << TASKS))),
         })
     }
@@ -1990,6 +2071,8 @@ impl World {
             }
             Choice::LoseWorker(hosted) => self.lose_worker(hosted),
             Choice::Crash => self.new_process("crashes"),
+            Choice::LeaderChange => self.leader_change(),
+            Choice::Deposed => self.deposed_store(),
             Choice::Savepoint(kind) => self.request_savepoint(kind),
             Choice::Storage => self.store(),
             Choice::Deployment => {
