@@ -328,6 +328,40 @@ fn missing_input_file_names_the_path() {
 }
 
 #[test]
+fn a_leader_lease_that_does_not_exceed_the_heartbeat_timeout_is_refused() {
+    let d = tmp();
+    let ck = d.path().join("ck");
+    let r = cairn(
+        d.path(),
+        &[
+            "coordinator",
+            "--bind",
+            "127.0.0.1:0",
+            "--rest",
+            "127.0.0.1:0",
+            "--checkpoint-dir",
+            s(&ck),
+            "--heartbeat-timeout",
+            "2s",
+            "--leader-lease",
+            "2s",
+        ],
+    );
+    r.assert_user_error(&["--leader-lease 2s", "--heartbeat-timeout 2s"]);
+    let r = cairn(
+        d.path(),
+        &[
+            "coordinator",
+            "--checkpoint-dir",
+            s(&ck),
+            "--leader-lease",
+            "soon",
+        ],
+    );
+    r.assert_user_error(&["--leader-lease", "soon"]);
+}
+
+#[test]
 fn input_path_that_is_a_directory_names_it() {
     let d = tmp();
     let input = d.path().join("words");

@@ -633,6 +633,46 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_by_a_process_of_this_host_that_is_gone_is_taken_over_at_once() {
+        let host = host_identity();
+        if host.is_empty() {
+            // No /proc: the shortcut is off, and the lease is waited out (tested above).
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store {
+            dir: dir.path().join(LEADER_DIR),
+        };
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let mut c = claim(1, 60_000);
+        c.host = host.clone();
+        c.pid = gone;
+        assert!(store.claim(&c).unwrap());
+        let seen = store.observe(&host).unwrap().unwrap();
+        assert!(seen.holder_gone);
+        assert_eq!(
+            Standby::default().observe(Instant::now(), Some(&seen)),
+            Verdict::Claim(2)
+        );
+        // A live holder (this test's parent process stands in for one) is waited for.
+        c.epoch = 2;
+        c.pid = std::os::unix::process::parent_id();
+        assert!(store.claim(&c).unwrap());
+        let seen = store.observe(&host).unwrap().unwrap();
+        assert!(!seen.holder_gone);
+        // Another host's claim is never judged by its pid.
+        assert!(
+            !store
+                .observe("elsewhere/boot")
+                .unwrap()
+                .unwrap()
+                .holder_gone
+        );
+    }
+
+    #[test]
     fn two_claims_of_one_epoch_have_one_winner() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store {

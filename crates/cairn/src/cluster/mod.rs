@@ -15,7 +15,8 @@
 //! coordinator; every cluster socket has a write timeout and every connect a connect timeout.
 //!
 //! Checkpoint and output directories must be shared by all processes (one machine, or a
-//! shared filesystem).
+//! shared filesystem). Several coordinators may share one checkpoint directory: one leads, the
+//! others stand by and take over when its lease lapses ([`leader`]).
 
 pub mod coordinator;
 pub mod frame;
