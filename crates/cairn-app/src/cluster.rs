@@ -216,7 +216,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
             args.checkpoint_dir.display()
         )
     })?;
-    let leadership = lead(&args, &checkpoint_dir, heartbeat_timeout)?;
+    let leadership = lead(&args, &checkpoint_dir, heartbeat_timeout, rest_addr)?;
     let coordinator = Coordinator::start(CoordinatorOptions {
         bind: host_port(&args.bind),
         checkpoint_dir,
@@ -281,10 +281,13 @@ pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
 
 /// Waits until this coordinator leads the coordinators sharing `checkpoint_dir`, saying who
 /// leads meanwhile.
+/// A standby serves `/healthz`, `/readyz` (503) and a 503 naming the leader on its REST
+/// port meanwhile.
 fn lead(
     args: &CoordinatorArgs,
     checkpoint_dir: &std::path::Path,
     heartbeat_timeout: Duration,
+    rest_addr: SocketAddr,
 ) -> Result<Arc<Leadership>> {
     let lease = duration("--leader-lease", &args.leader_lease)?;
     if lease <= heartbeat_timeout {
@@ -301,13 +304,27 @@ fn lead(
         lease,
         same_host_takeover: true,
     };
+    let leader = Arc::new(std::sync::Mutex::new(String::from(
+        "standing by: looking for the leader",
+    )));
+    let standing_by = {
+        let leader = leader.clone();
+        Arc::new(move || leader.lock().map(|l| l.clone()).unwrap_or_default())
+    };
+    let standby_server = cairn_rest::serve_standby(rest_addr, standing_by)?;
     let leadership = Leadership::acquire(&candidate, |claim| {
-        eprintln!(
+        let line = format!(
             "standing by: the coordinator at {} (pid {}) leads as epoch {}; taking over when its lease of {} ms lapses",
             claim.bind, claim.pid, claim.epoch, claim.lease_ms
         );
+        eprintln!("{line}");
+        if let Ok(mut l) = leader.lock() {
+            *l = format!("{line} (its REST API: http://{})", claim.rest);
+        }
     })
     .map_err(|e| anyhow!(e))?;
+    // The port is the leader's REST API from now on.
+    standby_server.shutdown();
     eprintln!(
         "leading the coordinators on {} as epoch {}",
         checkpoint_dir.display(),
@@ -329,9 +346,20 @@ pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
             Ok(host_port(a))
         })
         .collect::<Result<_>>()?;
+    let registered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ready = {
+        let registered = registered.clone();
+        Arc::new(move || {
+            if registered.load(std::sync::atomic::Ordering::Acquire) {
+                Ok(())
+            } else {
+                Err("not registered with a coordinator".to_string())
+            }
+        })
+    };
     let _metrics = match &args.metrics {
         Some(addr) => {
-            let server = cairn_rest::serve_metrics(socket_addr("--metrics", addr)?)?;
+            let server = cairn_rest::serve_metrics(socket_addr("--metrics", addr)?, ready)?;
             eprintln!("worker metrics at http://{}/metrics", server.local_addr());
             Some(server)
         }
@@ -345,6 +373,7 @@ pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
         data_advertise: args.data_advertise,
         factory: Arc::new(jobs),
         heartbeat_interval,
+        registered,
     })
     .map_err(|e| anyhow!(e))
 }

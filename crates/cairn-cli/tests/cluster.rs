@@ -956,6 +956,20 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The status code of `GET path` on 127.0.0.1:`port` (None: nothing answers).
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// One of a leader and its standbys: its fixed ports, its own log, its process.
 struct Member {
     proc: Option<Proc>,
@@ -1136,15 +1150,40 @@ fn a_leader_paused_past_its_lease_is_fenced_when_it_resumes() {
     a.wait_until_leading(1, Duration::from_secs(20));
     b.start(&ck);
     let list = members_list(&[&a, &b]);
+    // Kubernetes' probes: both live, only the leader ready; the standby's REST port names
+    // the leader.
+    wait_for(
+        "the standby's health endpoints",
+        &b.log,
+        Duration::from_secs(20),
+        || (http_status(b.rest, "/readyz")? == 503).then_some(()),
+    );
+    assert_eq!(http_status(b.rest, "/healthz"), Some(200));
+    assert_eq!(http_status(a.rest, "/healthz"), Some(200));
+    assert_eq!(http_status(a.rest, "/readyz"), Some(200));
+    let answer = http_get(b.rest, "/jobs").unwrap();
+    assert!(
+        answer.contains("standing by") && answer.contains(&format!("127.0.0.1:{}", a.rest)),
+        "{answer}"
+    );
     let wlog = tmp.path().join("workers.log");
-    let worker = |log: &Path| {
-        spawn(
-            &["worker".into(), "--coordinator".into(), list.clone()],
-            log,
-            &[],
-        )
+    let metrics = free_port();
+    let worker = |log: &Path, extra: &[String]| {
+        let mut args = vec!["worker".into(), "--coordinator".into(), list.clone()];
+        args.extend(extra.iter().cloned());
+        spawn(&args, log, &[])
     };
-    let _workers = [worker(&wlog), worker(&wlog)];
+    let _workers = [
+        worker(&wlog, &["--metrics".into(), format!("127.0.0.1:{metrics}")]),
+        worker(&wlog, &[]),
+    ];
+    wait_for(
+        "a registered worker to be ready",
+        &wlog,
+        Duration::from_secs(20),
+        || (http_status(metrics, "/readyz")? == 200).then_some(()),
+    );
+    assert_eq!(http_status(metrics, "/healthz"), Some(200));
     let records = 1_200_000u64;
     let out_dir = tmp.path().join("out");
     let args = job_args(records, &out_dir);
@@ -1157,11 +1196,13 @@ fn a_leader_paused_past_its_lease_is_fenced_when_it_resumes() {
     signal("-STOP", a.pid());
     let paused = Instant::now();
     b.wait_until_leading(2, Duration::from_secs(20));
+    // The lease runs from the leader's last renewal, up to a quarter lease before the pause.
     assert!(
-        paused.elapsed() >= Duration::from_secs(1),
+        paused.elapsed() >= Duration::from_millis(750),
         "the standby took over a paused leader before its lease lapsed"
     );
     let resumed_at = wait_for_a_checkpoint_after(b.rest, &jid, paused_after, &b.log);
+    assert_eq!(http_status(b.rest, "/readyz"), Some(200));
     signal("-CONT", a.pid());
     let mut proc = a.proc.take().unwrap();
     let status = wait_for(

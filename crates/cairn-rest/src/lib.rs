@@ -45,5 +45,7 @@ mod submit;
 
 pub use registry::JobRegistry;
 pub use resources::{ClusterResources, Resources};
-pub use server::{serve, serve_metrics, RestError, RestServer, SUBMIT_BODY_MAX};
+pub use server::{
+    serve, serve_metrics, serve_standby, Readiness, RestError, RestServer, SUBMIT_BODY_MAX,
+};
 pub use submit::{JobSubmitter, SubmitRequest};

@@ -115,13 +115,57 @@ pub fn serve(
     serve_app(addr, router(registry, token))
 }
 
-/// Serves `GET /metrics` alone (a worker's subtasks, `cairn worker --metrics ADDR`), like
-/// [`serve`] otherwise.
-pub fn serve_metrics(addr: SocketAddr) -> Result<RestServer, RestError> {
+/// Whether a process is ready for work: Ok, or why not. `GET /readyz` answers 200 or 503
+/// with it (Kubernetes' readiness probe); `GET /healthz` answers 200 while the process serves
+/// (its liveness probe). Neither needs the bearer token.
+pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// `GET /healthz` and `GET /readyz` by `ready`.
+fn health(ready: Readiness) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let answer = ready();
+                async move {
+                    match answer {
+                        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+                        Err(why) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}\n"),
+                        ),
+                    }
+                }
+            }),
+        )
+}
+
+/// Serves `GET /metrics` (a worker's subtasks, `cairn worker --metrics ADDR`) and the health
+/// endpoints with `ready`, like [`serve`] otherwise.
+pub fn serve_metrics(addr: SocketAddr, ready: Readiness) -> Result<RestServer, RestError> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .fallback(not_found)
-        .with_state(JobRegistry::new());
+        .with_state(JobRegistry::new())
+        .merge(health(ready));
+    serve_app(addr, app)
+}
+
+/// Serves a standby coordinator's REST port: `GET /healthz` answers 200, `GET /readyz` 503
+/// with `standing_by()` (who leads), and every other request 503 with it, until the standby
+/// leads and serves the whole API there instead.
+pub fn serve_standby(
+    addr: SocketAddr,
+    standing_by: Arc<dyn Fn() -> String + Send + Sync>,
+) -> Result<RestServer, RestError> {
+    let why = standing_by.clone();
+    let app = Router::new()
+        .fallback(move || {
+            let message = why();
+            async move { ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message) }
+        })
+        .merge(health(Arc::new(move || Err(standing_by()))));
     serve_app(addr, app)
 }
 
@@ -220,8 +264,11 @@ fn router(registry: JobRegistry, token: Option<String>) -> Router {
         )),
         None => router,
     };
-    // After the token layer: a browser loads the page without one, then asks for it.
-    crate::dashboard::router().merge(router)
+    // After the token layer: a browser loads the page without one, then asks for it; a
+    // probe asks for its health without one.
+    crate::dashboard::router()
+        .merge(router)
+        .merge(health(Arc::new(|| Ok(()))))
 }
 
 /// `GET /metrics`: this process's subtasks and the registry's jobs, in Prometheus

@@ -54,6 +54,8 @@ pub struct WorkerOptions {
     pub factory: Arc<dyn JobFactory>,
     /// Time between heartbeats.
     pub heartbeat_interval: Duration,
+    /// Set while the worker is registered with a coordinator (its readiness).
+    pub registered: Arc<AtomicBool>,
 }
 
 /// How often a worker reports its subtasks' metrics to the coordinator.
@@ -1478,6 +1480,21 @@ fn session(
         "registered with the coordinator as worker {worker_id} ({} slots, data on {data_addr})",
         opts.slots
     );
+    opts.registered.store(true, Ordering::Release);
+    let end = serve_session(stream, reader, opts, attempts, worker_id, io_timeout);
+    opts.registered.store(false, Ordering::Release);
+    end
+}
+
+/// The registered session with the coordinator, until it ends.
+fn serve_session(
+    stream: TcpStream,
+    mut reader: TcpStream,
+    opts: &WorkerOptions,
+    attempts: &Arc<Attempts>,
+    worker_id: u32,
+    io_timeout: Duration,
+) -> SessionEnd {
     let session = Session {
         worker_id,
         opts: opts.clone(),
