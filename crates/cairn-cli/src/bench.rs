@@ -1,8 +1,9 @@
 //! `cairn bench`: wordcount throughput under several checkpoint settings, measured as whole
 //! processes (start to exit) of this same binary, in one run, with ratios; (`nexmark`) every
 //! Nexmark query the `nexmark` job offers, against Flink's published per-core figures; (`sql`)
-//! the Nexmark queries as Flink SQL scripts against the same queries of the `nexmark` job; and
-//! (`savepoint`) checkpoints vs savepoints of one embedded job.
+//! the Nexmark queries as Flink SQL scripts against the same queries of the `nexmark` job;
+//! (`savepoint`) checkpoints vs savepoints of one embedded job; and (`failover`) the time a job
+//! stands still when its leading coordinator is SIGKILLed or SIGSTOPped.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use clap::Args;
 
 use cairn_app::human;
 
+mod failover;
 mod kafka;
 mod kafka_source;
 mod metrics;
@@ -40,8 +42,12 @@ pub struct BenchArgs {
     /// [default: 20000000].
     #[arg(long)]
     events: Option<u64>,
-    /// Runs per configuration (the best is reported).
-    #[arg(long, default_value_t = 1)]
+    /// Runs per configuration (the best is reported) [default: 1; `failover`: rounds per fault,
+    /// default 3; `metrics`: default 5].
+    #[arg(long = "repeat", value_name = "REPEAT")]
+    repeat_flag: Option<u32>,
+    /// `--repeat`, 1 when not given (set by [`run`]).
+    #[arg(skip)]
     repeat: u32,
     /// `throughput`: wordcount vs checkpoint interval and parallelism; `modes`: checkpoint
     /// modes under backpressure (aligned, unaligned, aligned with timeout) and at-least-once vs
@@ -62,7 +68,10 @@ pub struct BenchArgs {
     /// source, wordcount and the Kafka sink) with the sink's guarantees
     /// none, at-least-once and exactly-once (1 s checkpoints); `e2e`: `kafka`, `postgres` and
     /// `s3` in one run; `metrics`: wordcount with `metrics.enabled` true and false, alternating
-    /// (best of --repeat, default 5).
+    /// (best of --repeat, default 5); `failover`: a leader and a standby coordinator, two
+    /// workers and a long job on 127.0.0.1, the leader SIGKILLed and SIGSTOPped --repeat times
+    /// each (default 3): the time until the job runs on the new leader and until its first
+    /// checkpoint.
     #[arg(long, default_value = "throughput")]
     suite: String,
     /// `kafka`: the Kafka broker the sink benchmark writes to (HOST:PORT).
@@ -875,6 +884,10 @@ fn nexmark_suite(args: &BenchArgs, exe: &std::path::Path, scratch: &std::path::P
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    let args = BenchArgs {
+        repeat: args.repeat_flag.unwrap_or(1),
+        ..args
+    };
     args.check()?;
     let exe = std::env::current_exe().context("cannot find the cairn binary")?;
     let scratch = std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id()));
@@ -944,6 +957,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let _ = std::fs::remove_dir_all(&scratch);
             return r;
         }
+        "failover" => {
+            let r = failover::run(&args, &exe, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r;
+        }
         "e2e" => {
             let r = (|| {
                 println!("== Kafka -> wordcount -> Kafka");
@@ -961,7 +979,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         other => {
             let _ = std::fs::remove_dir_all(&scratch);
             bail!(
-                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, sql, savepoint, state, s3, postgres, kafka-source, kafka, e2e, metrics"
+                "unknown benchmark suite '{other}'; suites: throughput, modes, cluster, nexmark, sql, savepoint, state, s3, postgres, kafka-source, kafka, e2e, metrics, failover"
             )
         }
     }

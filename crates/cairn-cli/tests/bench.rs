@@ -4,7 +4,9 @@
 //! checkpoints and the peak RSS; `cairn bench --suite sql` at a few events: a script line for
 //! q0, q1 and q2 with events/s of the nexmark job and of the SQL script and their ratio;
 //! `cairn bench --suite metrics` over few records: records/s and CPU time per record with
-//! metrics on and off, and their ratios. Times are not asserted: they are the machine's.
+//! metrics on and off, and their ratios; `cairn bench --suite failover --repeat 1`: a row per
+//! fault (SIGKILL, SIGSTOP) with its times to RUNNING and to the first checkpoint. Times are
+//! not asserted: they are the machine's.
 
 mod common;
 
@@ -246,6 +248,42 @@ fn metrics_bench_prints_both_settings_and_their_ratios() {
     // records/s ratio, its cost, CPU ratio, its cost: every one a finite number.
     assert_eq!(numbers.len(), 4, "{ratios}");
     assert!(numbers[0] > 0.0 && numbers[2] > 0.0, "{ratios}");
+}
+
+#[test]
+fn failover_bench_prints_a_row_per_fault() {
+    let out = common::run_ok(common::cairn().args([
+        "bench", "--suite", "failover", "--repeat", "1", "--log", "warn",
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.lines().any(|l| l.starts_with("fault ")),
+        "no table header in:\n{stdout}"
+    );
+    for fault in ["SIGKILL", "SIGSTOP"] {
+        let row: Vec<&str> = stdout
+            .lines()
+            // The table's row, not the indented line of each round.
+            .find(|l| l.starts_with(&format!("{fault} ")))
+            .unwrap_or_else(|| panic!("no row for {fault} in:\n{stdout}"))
+            .split_whitespace()
+            .collect();
+        // fault, rounds, ->RUNNING median and max, ->1st checkpoint median and max.
+        assert_eq!(row.len(), 6, "{fault}:\n{stdout}");
+        let ms: Vec<u64> = row[1..]
+            .iter()
+            .map(|c| {
+                c.parse()
+                    .unwrap_or_else(|e| panic!("{fault} {c:?}: {e}\n{stdout}"))
+            })
+            .collect();
+        assert_eq!(ms[0], 1, "one round of {fault}:\n{stdout}");
+        // The first checkpoint after the fault comes after the job runs again.
+        assert!(ms[1] > 0 && ms[3] >= ms[1], "{fault}:\n{stdout}");
+        let line = script_line(&stdout, &format!("failover fault={fault} "));
+        assert_eq!(script_field(line, "rounds"), 1.0, "{line}");
+        assert_eq!(script_field(line, "running_ms_max"), ms[2] as f64, "{line}");
+    }
 }
 
 #[test]
