@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use cairn::cluster::coordinator::{Coordinator, CoordinatorOptions};
 use cairn::cluster::leader::{Candidate, Leadership};
-use cairn::cluster::worker::{run_worker, WorkerOptions};
+use cairn::cluster::worker::{run_worker, Leave, WorkerOptions};
 use cairn::cluster::{InjectRequest, JobSubmission};
 use cairn::config::{parse_duration, JobConfig};
 use cairn_rest::{ClusterResources, JobRegistry, JobSubmitter, Resources, SubmitRequest};
@@ -18,6 +18,10 @@ use serde_json::Value;
 
 use crate::job::Jobs;
 use crate::run::JobOptions;
+
+/// How long a worker that was told to leave (SIGTERM) waits for its coordinator to close
+/// the connection before it exits anyway.
+const LEAVE_GRACE: Duration = Duration::from_secs(5);
 
 /// Default cluster secret: fine on one machine; set `--secret` (or CAIRN_SECRET) elsewhere.
 const DEFAULT_SECRET: &str = "cairn";
@@ -179,6 +183,20 @@ fn submission(jobs: &Jobs, request: SubmitRequest) -> std::result::Result<JobSub
     })
 }
 
+/// One `--coordinator` address, `HOST:PORT` or a bare `PORT`: checked for its form, not
+/// resolved — a coordinator's name may not resolve yet (a Kubernetes pod not yet started);
+/// the worker resolves it at every attempt to connect.
+fn coordinator_address(value: &str) -> Result<String> {
+    let address = host_port(value);
+    let valid = address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if !valid {
+        bail!("invalid address '{value}' for --coordinator: expected HOST:PORT or PORT");
+    }
+    Ok(address)
+}
+
 /// The coordinator's live workers and their slots, for `GET /overview`.
 struct Workers(Coordinator);
 
@@ -337,14 +355,41 @@ pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
     if args.slots == 0 {
         bail!("--slots must be at least 1");
     }
+    // Before any thread starts, so that every thread inherits the blocked signals and the
+    // leaving thread takes them.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGTERM);
+    signals
+        .thread_block()
+        .context("cannot block SIGINT and SIGTERM for their handler")?;
+    let leave = Arc::new(Leave::default());
+    {
+        let leave = leave.clone();
+        std::thread::Builder::new()
+            .name("leave-on-signal".into())
+            .spawn(move || {
+                let Ok(signal) = signals.wait() else {
+                    return;
+                };
+                // Its subtasks fail over without spending the jobs' restart budgets; the
+                // worker ends once the coordinator closed the connection.
+                if leave.request() {
+                    eprintln!("worker leaving on {signal}: the coordinator fails its subtasks over");
+                    std::thread::sleep(LEAVE_GRACE);
+                    eprintln!("worker left on {signal} without an answer from the coordinator within {LEAVE_GRACE:?}");
+                } else {
+                    eprintln!("worker stopped on {signal} (not registered with a coordinator)");
+                }
+                std::process::exit(0);
+            })
+            .context("cannot start the signal handler")?;
+    }
     let heartbeat_interval = duration("--heartbeat-interval", &args.heartbeat_interval)?;
     let coordinators: Vec<String> = args
         .coordinator
         .split(',')
-        .map(|a| {
-            socket_addr("--coordinator", a)?;
-            Ok(host_port(a))
-        })
+        .map(|a| coordinator_address(a.trim()))
         .collect::<Result<_>>()?;
     let registered = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ready = {
@@ -374,6 +419,7 @@ pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
         factory: Arc::new(jobs),
         heartbeat_interval,
         registered,
+        leave,
     })
     .map_err(|e| anyhow!(e))
 }

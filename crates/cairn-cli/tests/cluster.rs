@@ -1227,3 +1227,95 @@ fn a_leader_paused_past_its_lease_is_fenced_when_it_resumes() {
     assert_exactly_once(&out_dir, &backpressure_expected(records, 500));
     assert_no_leftovers(&out_dir);
 }
+
+/// Kubernetes stops a worker with SIGTERM: the worker tells the coordinator it leaves, its
+/// subtasks fail over to the other workers, and the restart spends none of the job's restart
+/// budget — two workers leave in turn from a job allowed a single restart, and it still ends
+/// FINISHED with exactly-once output; each worker exits 0.
+#[test]
+fn workers_stopped_with_sigterm_leave_without_spending_the_restart_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("cluster.log");
+    let ck = tmp.path().join("ck");
+    let coord = coordinator(&ck, &log);
+    // Three workers of 2 slots, each with its own log; the job (p=2) fits on one, and the
+    // test stops the one that runs it, twice.
+    let logs: Vec<_> = (0..3)
+        .map(|i| tmp.path().join(format!("worker-{i}.log")))
+        .collect();
+    let mut workers: Vec<Option<Proc>> = logs.iter().map(|l| Some(worker(coord.bind, l))).collect();
+    // The worker running an attempt now: one that started more than it released.
+    let hosting = |workers: &[Option<Proc>]| {
+        (0..workers.len()).find(|&i| {
+            let text = std::fs::read_to_string(&logs[i]).unwrap_or_default();
+            workers[i].is_some()
+                && text.matches(": running attempt").count()
+                    > text.matches(": released attempt").count()
+        })
+    };
+    let records = 1_000_000u64;
+    let out_dir = tmp.path().join("out");
+    let out = out_dir.display().to_string();
+    let jid = submit(
+        coord.rest,
+        &[
+            "-p",
+            "2",
+            "--keys",
+            "500",
+            "--sink-rate",
+            "150000",
+            "--checkpoint-interval",
+            "50ms",
+            "-D",
+            "restart-strategy.type=fixed-delay",
+            "-D",
+            "restart-strategy.fixed-delay.attempts=1",
+            "-D",
+            "restart-strategy.fixed-delay.delay=0ms",
+            "--generate",
+            &records.to_string(),
+            "--output",
+            &out,
+        ],
+    );
+    let mut latest = 0;
+    for left in 1..=2u64 {
+        latest = wait_for_a_checkpoint_after(coord.rest, &jid, latest, &log);
+        let i = wait_for(
+            "a worker to run the job",
+            &log,
+            Duration::from_secs(20),
+            || hosting(&workers),
+        );
+        let mut w = workers[i].take().unwrap();
+        run_ok(Command::new("kill").args(["-TERM", &w.0.id().to_string()]));
+        let status = wait_for(
+            "the worker to leave",
+            &logs[i],
+            Duration::from_secs(20),
+            || w.0.try_wait().unwrap(),
+        );
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{}",
+            std::fs::read_to_string(&logs[i]).unwrap()
+        );
+        wait_for(
+            "the job to run again",
+            &log,
+            Duration::from_secs(60),
+            || {
+                let restarts = rest_job_restarts(([127, 0, 0, 1], coord.rest).into(), &jid)?;
+                (restarts >= left && assert_job_not_failed(coord.rest, &jid, &log)? == "RUNNING")
+                    .then_some(())
+            },
+        );
+    }
+    wait_until_finished(&coord, &jid, &log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("left on purpose (drained)"), "{text}");
+    assert_exactly_once(&out_dir, &backpressure_expected(records, 500));
+    assert_no_leftovers(&out_dir);
+}

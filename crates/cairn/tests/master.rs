@@ -182,6 +182,7 @@ impl Executor for LosesAWorker {
             let _ = req.events.send(JobEvent::Lost {
                 attempts: self.deployed.clone(),
                 reason: "worker 1 lost: simulated".into(),
+                planned: false,
             });
         }
         Ok(d)

@@ -64,6 +64,8 @@ struct WorkerHandle {
     /// stalled worker may hold until its timeout).
     socket: TcpStream,
     last_heartbeat: Mutex<Instant>,
+    /// It said it leaves on purpose (drained): its jobs' restarts spend no budget.
+    leaving: AtomicBool,
 }
 
 struct JobEntry {
@@ -689,7 +691,9 @@ impl Inner {
     }
 }
 
-fn notify_jobs_of_lost_worker(inner: &Inner, worker: u32, reason: &str) {
+/// Fails over the jobs that ran on `worker`; `planned`: it left on purpose, and their
+/// restarts spend no budget.
+fn notify_jobs_of_lost_worker(inner: &Inner, worker: u32, reason: &str, planned: bool) {
     if let Ok(mut jobs) = inner.jobs.lock() {
         for entry in jobs.values_mut() {
             let lost: Vec<u32> = entry
@@ -709,6 +713,7 @@ fn notify_jobs_of_lost_worker(inner: &Inner, worker: u32, reason: &str) {
                 let _ = events.send(JobEvent::Lost {
                     attempts: lost,
                     reason: format!("worker {worker} lost: {reason}"),
+                    planned,
                 });
             }
         }
@@ -778,6 +783,7 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
         writer: writer.clone(),
         socket,
         last_heartbeat: Mutex::new(Instant::now()),
+        leaving: AtomicBool::new(false),
     });
     let connected = Arc::new(AtomicBool::new(true));
     {
@@ -827,6 +833,10 @@ fn serve_worker(inner: Arc<Inner>, stream: TcpStream) {
                     inner.jobs_changed.notify_all();
                 }
             }
+            Ok(ToCoordinator::Leaving) => {
+                handle.leaving.store(true, Ordering::Release);
+                break "it left on purpose (drained)".to_string();
+            }
             Ok(ToCoordinator::Register { .. }) => break "registered twice".to_string(),
             Err(e) => break e.to_string(),
         }
@@ -852,7 +862,8 @@ fn declare_dead(inner: &Inner, id: u32, reason: &str) -> bool {
         return false;
     };
     let _ = handle.socket.shutdown(Shutdown::Both);
-    notify_jobs_of_lost_worker(inner, id, reason);
+    let planned = handle.leaving.load(Ordering::Acquire);
+    notify_jobs_of_lost_worker(inner, id, reason, planned);
     true
 }
 

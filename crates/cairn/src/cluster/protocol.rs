@@ -49,6 +49,10 @@ pub enum ToCoordinator {
     /// The metrics of the worker's subtasks (about once a second, while it has any), for the
     /// coordinator's REST API.
     Metrics(Vec<crate::metrics::SubtaskSnapshot>),
+    /// The worker leaves on purpose (SIGTERM: Kubernetes scales it in or moves it): its
+    /// subtasks fail over without spending the jobs' restart budgets. The coordinator closes
+    /// the connection in answer.
+    Leaving,
 }
 
 /// A subtask's report, as it crosses the network.

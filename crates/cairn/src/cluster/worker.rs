@@ -56,6 +56,32 @@ pub struct WorkerOptions {
     pub heartbeat_interval: Duration,
     /// Set while the worker is registered with a coordinator (its readiness).
     pub registered: Arc<AtomicBool>,
+    /// Its planned departure (SIGTERM).
+    pub leave: Arc<Leave>,
+}
+
+/// A worker's planned departure (SIGTERM: Kubernetes scales it in or moves it): the worker
+/// tells its coordinator it leaves, so its subtasks fail over without spending the jobs'
+/// restart budgets, and [`run_worker`] returns once the coordinator closed the connection.
+#[derive(Default)]
+pub struct Leave {
+    requested: AtomicBool,
+    /// The control connection of the registered session, if any.
+    control: Mutex<Option<Writer>>,
+}
+
+impl Leave {
+    /// Asks the worker to leave: tells the coordinator, if registered. Returns whether one was
+    /// told.
+    pub fn request(&self) -> bool {
+        self.requested.store(true, Ordering::Release);
+        let control = self.control.lock().ok().and_then(|c| c.clone());
+        control.is_some_and(|w| send(&w, &ToCoordinator::Leaving))
+    }
+
+    fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
 }
 
 /// How often a worker reports its subtasks' metrics to the coordinator.
@@ -65,10 +91,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long registration, or a data connection's greeting, may take: before registration the
 /// coordinator's heartbeat timeout is not known.
 const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the coordinator may take to answer a registration: short, since a coordinator
+/// answers it on a thread of its own at once, and a paused one (SIGSTOP) — whose kernel still
+/// accepts connections — must not hold the worker from the standby that takes over.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(2);
 /// The first pause before reconnecting to the coordinator; it doubles on every failure.
 const RECONNECT_PAUSE_MIN: Duration = Duration::from_millis(50);
-/// The longest pause between attempts to reach an unreachable coordinator.
+/// The longest pause between attempts to register with a coordinator that answered.
 const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(2);
+/// The longest pause between rounds of attempts to reach coordinators none of which accepts
+/// a connection (a leader gone, its standby about to listen).
+const UNREACHABLE_PAUSE_MAX: Duration = Duration::from_millis(500);
 /// The longest pause when the address answers in another protocol (a misconfiguration that
 /// only a person fixes).
 const WRONG_PEER_PAUSE_MAX: Duration = Duration::from_secs(30);
@@ -1351,20 +1384,30 @@ pub fn run_worker(opts: WorkerOptions) -> Result<(), String> {
     let mut next = 0usize;
     let mut tried = 0usize;
     loop {
+        if opts.leave.requested() {
+            attempts.cancel_all();
+            attempts.forget_jobs();
+            info!("left the cluster");
+            return Ok(());
+        }
         let address = &opts.coordinators[next % opts.coordinators.len()];
         next += 1;
         tried += 1;
         let (problem, cap) = match connect(address) {
+            // Cheap to retry: a standby that takes over listens within moments.
             Err(e) => (
                 format!("cannot reach coordinator at {address}: {e}; retrying"),
-                RECONNECT_PAUSE_MAX,
+                UNREACHABLE_PAUSE_MAX,
             ),
             Ok(stream) => match session(stream, &opts, &data_addr, &attempts) {
                 SessionEnd::Rejected(reason) => {
                     return Err(format!("the coordinator rejected this worker: {reason}"))
                 }
+                SessionEnd::Lost(_) if opts.leave.requested() => {
+                    (String::new(), RECONNECT_PAUSE_MAX)
+                }
                 SessionEnd::Lost(reason) => {
-                    warn!("lost the coordinator at {address} ({reason}); reconnecting");
+                    warn!("lost the coordinator ({reason}) at {address}; reconnecting");
                     last_problem = None;
                     backoff = Backoff::new();
                     tried = 0;
@@ -1426,8 +1469,8 @@ fn register(
 ) -> Result<(u32, Duration), SessionEnd> {
     let unregistered = |reason: String, http: bool| SessionEnd::Unregistered { reason, http };
     let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(GREETING_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(GREETING_TIMEOUT));
+    let _ = stream.set_read_timeout(Some(REGISTER_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(REGISTER_TIMEOUT));
     let register = ToCoordinator::Register {
         secret: opts.secret.clone(),
         slots: opts.slots,
@@ -1483,6 +1526,9 @@ fn session(
     opts.registered.store(true, Ordering::Release);
     let end = serve_session(stream, reader, opts, attempts, worker_id, io_timeout);
     opts.registered.store(false, Ordering::Release);
+    if let Ok(mut c) = opts.leave.control.lock() {
+        *c = None;
+    }
     end
 }
 
@@ -1505,6 +1551,13 @@ fn serve_session(
     let alive = Arc::new(AtomicBool::new(true));
     if let Err(e) = start_heartbeats(&session, &alive) {
         return SessionEnd::Lost(e);
+    }
+    if let Ok(mut c) = opts.leave.control.lock() {
+        *c = Some(session.control.clone());
+    }
+    // Asked to leave before the session began: say so now.
+    if opts.leave.requested() {
+        opts.leave.request();
     }
     let mut buf = Vec::new();
     let reason = loop {
@@ -1815,17 +1868,22 @@ mod tests {
     fn reconnect_pauses_double_up_to_their_cap() {
         let ms = |d: Duration| d.as_millis();
         let mut backoff = Backoff::new();
-        let pauses: Vec<u128> = (0..6)
+        let pauses: Vec<u128> = (0..8)
             .map(|_| ms(backoff.pause(RECONNECT_PAUSE_MAX)))
             .collect();
-        assert_eq!(pauses, [200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
         let mut backoff = Backoff::new();
-        let pauses: Vec<u128> = (0..9)
+        let pauses: Vec<u128> = (0..6)
+            .map(|_| ms(backoff.pause(UNREACHABLE_PAUSE_MAX)))
+            .collect();
+        assert_eq!(pauses, [50, 100, 200, 400, 500, 500]);
+        let mut backoff = Backoff::new();
+        let pauses: Vec<u128> = (0..11)
             .map(|_| ms(backoff.pause(WRONG_PEER_PAUSE_MAX)))
             .collect();
         assert_eq!(
             pauses,
-            [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000]
+            [50, 100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000]
         );
     }
 

@@ -35,6 +35,21 @@ impl RestartTracker {
         &self.strategy
     }
 
+    /// The delay before a restart that is not a failure (a worker left on purpose): the
+    /// strategy's current delay, with nothing counted and no backoff grown.
+    pub fn delay_without_counting(&self) -> Duration {
+        match self.strategy {
+            RestartStrategyConfig::None => Duration::ZERO,
+            RestartStrategyConfig::FixedDelay { delay, .. }
+            | RestartStrategyConfig::FailureRate { delay, .. } => delay,
+            RestartStrategyConfig::ExponentialDelay {
+                initial_backoff,
+                max_backoff,
+                ..
+            } => self.backoff.unwrap_or(initial_backoff).min(max_backoff),
+        }
+    }
+
     /// A failure happened at `now`: the delay before restarting, or `Err` with why the job
     /// must fail instead.
     pub fn on_failure(&mut self, now: Instant) -> Result<Duration, String> {
@@ -112,6 +127,20 @@ impl RestartTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restart_that_is_no_failure_counts_nothing() {
+        let mut t = RestartTracker::new(RestartStrategyConfig::FixedDelay {
+            attempts: 1,
+            delay: Duration::from_millis(5),
+        });
+        let now = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(t.delay_without_counting(), Duration::from_millis(5));
+        }
+        assert_eq!(t.on_failure(now), Ok(Duration::from_millis(5)));
+        assert!(t.on_failure(now).is_err());
+    }
 
     #[test]
     fn fixed_delay_gives_up_after_its_attempts() {

@@ -46,9 +46,14 @@ pub enum JobEvent {
         task: usize,
         result: TaskResult,
     },
-    /// Subtasks of these attempts were lost (their worker died): one failure, however many
-    /// attempts (regions) it takes down.
-    Lost { attempts: Vec<u32>, reason: String },
+    /// Subtasks of these attempts were lost (their worker died, or left): one failure,
+    /// however many attempts (regions) it takes down. `planned`: the worker left on purpose
+    /// (drained), and the restart spends none of the restart strategy's budget.
+    Lost {
+        attempts: Vec<u32>,
+        reason: String,
+        planned: bool,
+    },
     /// The job master's storage work finalized a checkpoint (wrote its `_metadata`), or
     /// could not.
     Finalized(crate::checkpoint::Finalized),

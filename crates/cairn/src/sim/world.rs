@@ -2110,9 +2110,15 @@ impl World {
         if attempts.len() > 1 {
             self.count("lost workers hosting several attempts");
         }
+        // Now and then the worker left on purpose (drained): the restart spends no budget.
+        let planned = self.rng.u32(0..4) == 0;
+        if planned {
+            self.count("workers that left on purpose");
+        }
         self.events.push_back(JobEvent::Lost {
             attempts,
             reason: "simulated worker loss".into(),
+            planned,
         });
     }
 

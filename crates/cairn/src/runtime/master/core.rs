@@ -70,6 +70,8 @@ struct Failure {
     regions: Option<BTreeSet<usize>>,
     /// No restart can fix it ([`TaskError::Unrecoverable`]): the job fails at once.
     unrecoverable: bool,
+    /// Not a fault: a worker left on purpose. The restart spends no restart budget.
+    planned: bool,
 }
 
 impl Failure {
@@ -79,6 +81,7 @@ impl Failure {
             kind: "job",
             regions: None,
             unrecoverable: false,
+            planned: false,
         }
     }
 
@@ -473,7 +476,11 @@ impl MasterCore {
                 }
                 None
             }
-            JobEvent::Lost { attempts, reason } => {
+            JobEvent::Lost {
+                attempts,
+                reason,
+                planned,
+            } => {
                 let regions: BTreeSet<usize> = (0..self.task_attempt.len())
                     .filter(|&t| self.task_attempt[t] != NOT_RUNNING)
                     .filter(|&t| attempts.contains(&self.task_attempt[t]))
@@ -481,9 +488,14 @@ impl MasterCore {
                     .collect();
                 (!regions.is_empty()).then_some(Failure {
                     cause: reason,
-                    kind: "worker-lost",
+                    kind: if planned {
+                        "worker-left"
+                    } else {
+                        "worker-lost"
+                    },
                     regions: Some(regions),
                     unrecoverable: false,
+                    planned,
                 })
             }
             JobEvent::Exited {
@@ -510,6 +522,7 @@ impl MasterCore {
                             "task"
                         },
                         regions: Some(BTreeSet::from([self.region_of_task[task]])),
+                        planned: false,
                         unrecoverable: matches!(e, TaskError::Unrecoverable(_)),
                     }),
                 }
@@ -686,7 +699,12 @@ impl MasterCore {
             self.fail(cause, "no restart can fix this failure".into());
             return;
         }
-        let Some(delay) = self.decide_restart(cause, now) else {
+        let delay = if failure.planned {
+            Some(self.planned_restart())
+        } else {
+            self.decide_restart(cause, now)
+        };
+        let Some(delay) = delay else {
             return;
         };
         *self.restart_causes.entry(kind).or_default() += 1;
@@ -707,6 +725,14 @@ impl MasterCore {
             at: now + delay,
             regions,
         });
+    }
+
+    /// A restart after a planned departure (a drained worker): the strategy's delay, with
+    /// nothing counted against its budget.
+    fn planned_restart(&mut self) -> Duration {
+        self.restart_count += 1;
+        self.state = JobState::Restarting;
+        self.restarts.delay_without_counting()
     }
 
     /// Asks the restart strategy about a failure: the delay before restarting, or None when
@@ -966,6 +992,7 @@ mod tests {
             JobEvent::Lost {
                 attempts: vec![0, 1],
                 reason: "worker lost".into(),
+                planned: false,
             },
             t0,
         );
