@@ -48,8 +48,8 @@ pub struct Claim {
     pub rest: String,
     /// The lease the claimant keeps (ms): it renews within it, or its leadership lapses.
     pub lease_ms: u64,
-    /// The claimant's host (its name and boot id; empty where unknown) and process id, so that
-    /// a coordinator on the same host can tell the claimant is gone.
+    /// The claimant's host (its name, boot id and pid namespace; empty where unknown) and
+    /// process id, so that a coordinator on the same host can tell the claimant is gone.
     pub host: String,
     /// The claimant's process id.
     pub pid: u32,
@@ -287,15 +287,20 @@ fn sync_dir(dir: &Path) {
     }
 }
 
-/// This host's identity: its name and boot id (empty where unknown, which turns the
-/// same-host shortcut off).
+/// This host's identity as far as process ids go: its name, boot id and process-id namespace
+/// (two containers sharing a host name still have their own pid namespaces, where the same
+/// pid names different processes). Empty where unknown, which turns the same-host shortcut off.
 fn host_identity() -> String {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+    let pid_ns = std::fs::read_link("/proc/self/ns/pid").map(|l| l.display().to_string());
     match (
         read("/proc/sys/kernel/hostname"),
         read("/proc/sys/kernel/random/boot_id"),
+        pid_ns,
     ) {
-        (Ok(name), Ok(boot)) if !name.is_empty() && !boot.is_empty() => format!("{name}/{boot}"),
+        (Ok(name), Ok(boot), Ok(ns)) if !name.is_empty() && !boot.is_empty() => {
+            format!("{name}/{boot}/{ns}")
+        }
         _ => String::new(),
     }
 }
