@@ -155,8 +155,14 @@ fn a_job_or_parameters_the_coordinator_cannot_build_are_refused_at_submit() {
             "unexpected argument '--bogus'",
         ),
         (
-            r#"{"job": "wordcount", "params": {"generate": 10}, "config": {"parallelism.default": "0"}}"#,
+            r#"{"job": "wordcount", "params": {"generate": 10, "output": "/x"}, "config": {"parallelism.default": "0"}}"#,
             "parallelism.default",
+        ),
+        // Without an output it would print on a worker's stdout (the client refuses it too,
+        // when it can build the job).
+        (
+            r#"{"job": "wordcount", "params": {"generate": 10}}"#,
+            "would print its output",
         ),
     ];
     for (body, message) in refused {

@@ -262,9 +262,7 @@ impl Coordinator {
         }
         let factory = self.inner.opts.factory.as_ref();
         let graph = factory.build(&submission.job, &submission.params, submission.seed)?;
-        if let Some(uid) = Vec::<String>::new().first()
-        /* MERGE: graph.stdout_sinks() */
-        {
+        if let Some(uid) = graph.stdout_sinks().first() {
             return Err(format!(
                 "job '{}' would print its output (sink '{uid}') on a worker's standard output; give it an output (e.g. --output DIR)",
                 submission.job
