@@ -210,15 +210,22 @@ impl ClusterResources for Workers {
     }
 }
 
-pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
-    // Before any thread starts, so that every thread inherits the blocked signals and this
-    // one takes them.
+/// Blocks SIGINT and SIGTERM in this thread (and the threads it starts from now on), for one
+/// thread to take them with `SigSet::wait`.
+fn block_stop_signals() -> Result<SigSet> {
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGINT);
     signals.add(Signal::SIGTERM);
     signals
         .thread_block()
         .context("cannot block SIGINT and SIGTERM for their handler")?;
+    Ok(signals)
+}
+
+pub(crate) fn coordinator(args: CoordinatorArgs, jobs: Jobs) -> Result<()> {
+    // Before any thread starts, so that every thread inherits the blocked signals and this
+    // one takes them.
+    let signals = block_stop_signals()?;
     let heartbeat_timeout = duration("--heartbeat-timeout", &args.heartbeat_timeout)?;
     let slot_wait = duration("--slot-wait", &args.slot_wait)?;
     let rest_addr = socket_addr("--rest", &args.rest)?;
@@ -357,12 +364,7 @@ pub(crate) fn worker(args: WorkerArgs, jobs: Jobs) -> Result<()> {
     }
     // Before any thread starts, so that every thread inherits the blocked signals and the
     // leaving thread takes them.
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGINT);
-    signals.add(Signal::SIGTERM);
-    signals
-        .thread_block()
-        .context("cannot block SIGINT and SIGTERM for their handler")?;
+    let signals = block_stop_signals()?;
     let leave = Arc::new(Leave::default());
     {
         let leave = leave.clone();

@@ -295,6 +295,9 @@ struct Round {
 }
 
 /// (median, max) of `values`.
+/// A fault's rounds and the (median, max) ms to RUNNING and to the first checkpoint.
+type Summary = (Fault, usize, (u64, u64), (u64, u64));
+
 fn median_max(values: impl Iterator<Item = u64>) -> (u64, u64) {
     let mut v: Vec<u64> = values.collect();
     v.sort_unstable();
@@ -474,23 +477,32 @@ fn measure(args: &BenchArgs, exe: &Path, scratch: &Path, logs: &Path) -> Result<
         "->1st checkpoint median",
         "->1st checkpoint max"
     );
-    for (fault, figures) in &results {
-        let running = median_max(figures.iter().map(|r| r.running_ms));
-        let checkpoint = median_max(figures.iter().map(|r| r.checkpoint_ms));
+    let summaries: Vec<Summary> = results
+        .iter()
+        .map(|(fault, figures)| {
+            (
+                *fault,
+                figures.len(),
+                median_max(figures.iter().map(|r| r.running_ms)),
+                median_max(figures.iter().map(|r| r.checkpoint_ms)),
+            )
+        })
+        .collect();
+    for (fault, rounds, running, checkpoint) in &summaries {
         println!(
             "{:<8}  {:>6}  {:>16}  {:>13}  {:>23}  {:>20}",
             fault.name(),
-            figures.len(),
+            rounds,
             running.0,
             running.1,
             checkpoint.0,
             checkpoint.1
         );
     }
-    let kill_max = results
+    let kill_max = summaries
         .iter()
-        .find(|(f, _)| *f == Fault::Kill)
-        .map_or(0, |(_, r)| median_max(r.iter().map(|r| r.running_ms)).1);
+        .find(|s| s.0 == Fault::Kill)
+        .map_or(0, |s| s.2 .1);
     let verdict = if kill_max <= GOAL_MS {
         "within the goal"
     } else if kill_max <= TARGET_MS {
@@ -511,13 +523,11 @@ fn measure(args: &BenchArgs, exe: &Path, scratch: &Path, logs: &Path) -> Result<
     println!(
         "SIGSTOP: the standby takes over only once the lease lapsed ({LEASE_LAPSE_MS} ms without a renewal: the lease + 10 % + 50 ms)"
     );
-    for (fault, figures) in &results {
-        let running = median_max(figures.iter().map(|r| r.running_ms));
-        let checkpoint = median_max(figures.iter().map(|r| r.checkpoint_ms));
+    for (fault, rounds, running, checkpoint) in &summaries {
         println!(
             "failover fault={} rounds={} running_ms_median={} running_ms_max={} checkpoint_ms_median={} checkpoint_ms_max={}",
             fault.name(),
-            figures.len(),
+            rounds,
             running.0,
             running.1,
             checkpoint.0,
